@@ -1,0 +1,115 @@
+"""Eager argument checks shared by the public API.
+
+Every public function validates its inputs at the boundary with a message that
+names the argument, the offending value and what is allowed. Checks on values
+run only when the value is concrete; under `jax.jit` only shapes and dtypes
+are checked (values are tracers), so jitted callers validate once outside.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def is_concrete(x: Any) -> bool:
+  """True when `x` holds values (not a tracer inside jit/vmap/grad)."""
+  return not isinstance(x, jax.core.Tracer)
+
+
+def _first_bad(bad: np.ndarray, values: np.ndarray) -> str:
+  index = np.argwhere(bad)[0]
+  where = tuple(int(i) for i in index) if values.ndim else ()
+  return f"{values[tuple(index)]!r} at index {where}" if values.ndim else repr(values)
+
+
+def log_probabilities(name: str, x: Any) -> jax.Array:
+  """Returns `x` as a float array after checking it holds log probabilities.
+
+  Allowed: finite values <= 0. Rejected: NaN, positive values, and -inf
+  (p = 0, for which no allocation or estimator is defined).
+  """
+  arr = jnp.asarray(x)
+  if not jnp.issubdtype(arr.dtype, jnp.floating):
+    arr = arr.astype(jnp.result_type(float))
+  if is_concrete(arr):
+    values = np.asarray(arr)
+    for bad, what in (
+        (np.isnan(values), "NaN"),
+        (values > 0, "a positive log-probability (p > 1)"),
+        (np.isneginf(values), "-inf (p = 0)"),
+    ):
+      if bad.any():
+        raise ValueError(
+            f"{name} must hold finite log-probabilities <= 0; found {what}: "
+            f"{_first_bad(bad, values)}.")
+  return arr
+
+
+def binary(name: str, x: Any) -> jax.Array:
+  """Returns `x` as a float array after checking every entry is 0 or 1."""
+  arr = jnp.asarray(x)
+  if is_concrete(arr):
+    values = np.asarray(arr)
+    bad = ~((values == 0) | (values == 1))
+    if bad.any():
+      raise ValueError(
+          f"{name} must be binary (0 or 1); found {_first_bad(bad, values)}.")
+  return arr.astype(jnp.result_type(float)) if arr.dtype == jnp.bool_ else arr
+
+
+def mask(name: str, x: Any) -> jax.Array:
+  """Returns `x` as a bool array; accepts bools or numbers that are all 0/1."""
+  arr = jnp.asarray(x)
+  if arr.dtype != jnp.bool_:
+    if is_concrete(arr):
+      values = np.asarray(arr)
+      bad = ~((values == 0) | (values == 1))
+      if bad.any():
+        raise ValueError(
+            f"{name} must be boolean-like (bool, or numbers that are all 0/1); "
+            f"found {_first_bad(bad, values)}.")
+    arr = arr != 0
+  return arr
+
+
+def integer(name: str, value: Any, *, minimum: int | None = None) -> int:
+  """Returns `value` as a Python int, checking type and lower bound."""
+  if isinstance(value, bool) or not isinstance(value, int | np.integer):
+    raise TypeError(f"{name} must be an int; got {value!r} ({type(value).__name__}).")
+  value = int(value)
+  if minimum is not None and value < minimum:
+    raise ValueError(f"{name} must be >= {minimum}; got {value}.")
+  return value
+
+
+def choice(name: str, value: Any, allowed: Sequence[str]) -> str:
+  """Checks `value` is one of `allowed`."""
+  if value not in allowed:
+    raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}.")
+  return value
+
+
+def in_unit_interval(name: str, value: Any) -> float:
+  """Checks a scalar hyper-parameter lies in [0, 1]."""
+  value = float(value)
+  if not 0.0 <= value <= 1.0:
+    raise ValueError(f"{name} must lie in [0, 1]; got {value}.")
+  return value
+
+
+def same_shape(names: Sequence[str], *arrays: Any) -> None:
+  """Checks all arrays share one shape."""
+  shapes = [tuple(jnp.shape(a)) for a in arrays]
+  if len(set(shapes)) > 1:
+    listing = ", ".join(f"{n} {s}" for n, s in zip(names, shapes, strict=True))
+    raise ValueError(f"shape mismatch: {listing}; they must have the same shape.")
+
+
+def rank(name: str, x: Any, expected: int) -> None:
+  """Checks the number of dimensions of `x`."""
+  if jnp.ndim(x) != expected:
+    raise ValueError(
+        f"{name} must have rank {expected}; got shape {tuple(jnp.shape(x))}.")

@@ -1,0 +1,295 @@
+"""Scale-Equalized Rollout Allocation (DESIGN §1.1–1.4).
+
+`allocate` spreads a budget of B = M * N0 rollouts over M prompts so that the
+estimator scale kappa(p_q, n_q) = 1 - (1 - p_q)^(n_q - 1) is as equal as
+possible across active prompts (the waterline), switches off prompts whose
+groups are almost never mixed ("sera"), and returns the prompt weights that
+undo the multiplicity of unequal counts.
+
+Everything is jax.numpy: M is the only static shape; p, N0, n_min, n_max and
+the threshold are traced, so new values never retrace, and `jax.vmap` maps
+over a leading batch of problems.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sera_jax import _validation, scaling
+
+MODES = ("uniform", "equalized", "sera")
+BISECTION_STEPS = 100  # DESIGN §1.1: exactly 100 halvings of the log-tau bracket.
+USEFUL_SLACK = 1e-12  # DESIGN §1.3: useful(k) compares mixed >= threshold - 1e-12.
+
+
+class Allocation(NamedTuple):
+  """Rollout counts and prompt weights for one batch of M prompts.
+
+  Attributes:
+    counts: int32 [M], rollouts per prompt; sums to M * baseline_n.
+    weights: [M], prompt weights w_q of the DESIGN §1.4 loss (0 if inactive).
+    active: bool [M], prompts that receive rollouts.
+    continuous: [M], the continuous waterline solution n_q(tau) (§1.1), 0 if
+      inactive; baseline_n everywhere in "uniform" mode.
+    target_fidelity: scalar, the waterline 1 - exp(-tau) (§1.1). Allocations
+      with one count for all (uniform mode, budget == k * n_min) report the
+      lowest kappa, min_q kappa(p_q, n_q).
+    fidelity: [M], kappa(p_q, n_q) achieved by the integer counts.
+    coverage: [M], pass@n_q = 1 - (1 - p_q)^n_q.
+  """
+  counts: jax.Array
+  weights: jax.Array
+  active: jax.Array
+  continuous: jax.Array
+  target_fidelity: jax.Array
+  fidelity: jax.Array
+  coverage: jax.Array
+
+
+def clamp_log_p(log_p: jax.Array) -> jax.Array:
+  """The documented probability clamp p in [tiny, 1 - ulp], done on log p.
+
+  tiny is the smallest normal float of the dtype and 1 - ulp the largest
+  float below one, so lambda = -log(1 - p) is positive and finite.
+  """
+  finfo = np.finfo(log_p.dtype)
+  lowest = np.log(finfo.tiny).astype(log_p.dtype)
+  highest = np.log1p(-finfo.epsneg).astype(log_p.dtype)
+  return jnp.clip(log_p, lowest, highest)
+
+
+def _total_rollouts(continuous: jax.Array, active: jax.Array) -> jax.Array:
+  """sum_q n_q over active prompts, as whole parts (exact ints) + fractions.
+
+  Splitting keeps the float32 sum exact in its integer part, so the budget
+  comparison does not drift when M * N0 exceeds 2^24.
+  """
+  whole = jnp.floor(continuous)
+  fraction_sum = jnp.sum(jnp.where(active, continuous - whole, 0.0))
+  whole_sum = jnp.sum(jnp.where(active, whole, 0.0).astype(jnp.int32))
+  return whole_sum, fraction_sum
+
+
+def _waterline(lam, active, budget, n_min, n_max):
+  """Solves sum_q clip(1 + tau / lam_q, n_min, n_max) = budget (§1.1).
+
+  Bisection on log(tau) for exactly BISECTION_STEPS steps; returns
+  (continuous [M], tau). Inactive prompts get 0.
+  """
+  dtype = lam.dtype
+  tiny = jnp.asarray(np.finfo(dtype).tiny, dtype)
+  n_min_f, n_max_f = n_min.astype(dtype), n_max.astype(dtype)
+  lam_min = jnp.min(jnp.where(active, lam, jnp.inf))
+  lam_max = jnp.max(jnp.where(active, lam, 0.0))
+  tau_lo = jnp.where(n_min == 1, tiny, (n_min_f - 1) * lam_min)
+  tau_hi = (n_max_f - 1) * lam_max
+
+  def continuous_at(tau):
+    return jnp.clip(1 + tau / lam, n_min_f, n_max_f)
+
+  def halve(_, bracket):
+    lo, hi = bracket
+    mid = 0.5 * (lo + hi)
+    whole, fraction = _total_rollouts(continuous_at(jnp.exp(mid)), active)
+    over = fraction > (budget - whole).astype(dtype)
+    return jnp.where(over, lo, mid), jnp.where(over, mid, hi)
+
+  lo, _ = jax.lax.fori_loop(0, BISECTION_STEPS, halve, (jnp.log(tau_lo), jnp.log(tau_hi)))
+  tau = jnp.exp(lo)
+  return jnp.where(active, continuous_at(tau), 0.0), tau
+
+
+def _round_to_budget(log_p, active, continuous, target, budget, n_min, n_max):
+  """Integer counts summing to `budget` (§1.2).
+
+  Floors the continuous solution, then gives one more rollout to the R
+  candidates (n_q < n_max) whose squared distance to the waterline improves
+  the most, ties to the smaller prompt index (stable sort).
+  """
+  counts = jnp.where(active, jnp.clip(jnp.floor(continuous).astype(jnp.int32), n_min, n_max), 0)
+  remainder = budget - jnp.sum(counts)
+  candidate = active & (counts < n_max)
+  marginal_error = ((scaling.fidelity(log_p, counts + 1) - target) ** 2
+                    - (scaling.fidelity(log_p, counts) - target) ** 2)
+  order = jnp.argsort(jnp.where(candidate, marginal_error, jnp.inf), stable=True)
+  chosen = jnp.zeros_like(active).at[order].set(jnp.arange(active.shape[0]) < remainder)
+  return counts + chosen.astype(jnp.int32)
+
+
+def _equalized(log_p, lam, active, budget, n_min, n_max):
+  """The "equalized" allocation of `budget` among `active` prompts (§1.1–1.2).
+
+  Returns (counts, continuous, target_fidelity).
+  """
+  num_active = jnp.sum(active.astype(jnp.int32))
+  at_floor = budget == num_active * n_min
+  continuous, tau = _waterline(lam, active, budget, n_min, n_max)
+  floor_fidelity = jnp.min(jnp.where(active, scaling.fidelity(log_p, n_min), jnp.inf))
+  target = jnp.where(at_floor, floor_fidelity, -jnp.expm1(-tau))
+  continuous = jnp.where(at_floor, jnp.where(active, n_min.astype(lam.dtype), 0.0), continuous)
+  counts = _round_to_budget(log_p, active, continuous, target, budget, n_min, n_max)
+  return counts, continuous, target
+
+
+def _select_active(log_p, lam, budget, n_min, n_max, threshold, force_active):
+  """The active set of mode "sera" (§1.3): the largest useful prefix of the ranking.
+
+  Prompts are ranked by mixed(p_q, n_max), descending (ties by index); the
+  first k are active. k is found by binary search over [required, eligible]
+  for the largest k whose allocation leaves every active prompt mixed with
+  probability >= threshold. Force-activated prompts rank first, count as
+  eligible and are exempt from the usefulness test.
+  """
+  num_prompts = log_p.shape[0]
+  score = scaling.mixed_probability(log_p, n_max)
+  ranking = jnp.argsort(jnp.where(force_active, -jnp.inf, -score), stable=True)
+  rank = jnp.zeros(num_prompts, jnp.int32).at[ranking].set(jnp.arange(num_prompts, dtype=jnp.int32))
+  eligible = jnp.sum((force_active | (score >= threshold)).astype(jnp.int32))
+  required = jnp.maximum((budget + n_max - 1) // n_max, jnp.sum(force_active.astype(jnp.int32)))
+
+  def useful(k):
+    active = rank < k
+    counts, _, _ = _equalized(log_p, lam, active, budget, n_min, n_max)
+    mixed = scaling.mixed_probability(log_p, counts)
+    return jnp.all(~active | force_active | (mixed >= threshold - USEFUL_SLACK))
+
+  def search(state):
+    lo, hi, best = state
+    mid = (lo + hi) // 2
+    ok = useful(mid)
+    return jnp.where(ok, mid + 1, lo), jnp.where(ok, hi, mid - 1), jnp.where(ok, mid, best)
+
+  _, _, best = jax.lax.while_loop(
+      lambda state: state[0] <= state[1], search, (required, eligible, required))
+  return rank < best
+
+
+def _allocate(log_p, baseline_n, n_min, n_max, threshold, force_active, *, mode,
+              normalize_by_rollout_count, normalize_by_rho):
+  log_p = clamp_log_p(log_p)
+  num_prompts = log_p.shape[0]
+  dtype = log_p.dtype
+  budget = num_prompts * baseline_n
+  if mode == "uniform":
+    active = jnp.ones(num_prompts, bool)
+    counts = jnp.full(num_prompts, baseline_n, jnp.int32)
+    continuous = counts.astype(dtype)
+    target = jnp.min(scaling.fidelity(log_p, counts))
+  else:
+    # p >= tiny implies lambda >= tiny; the floor keeps lambda > 0 where XLA
+    # flushes exp(log(tiny)) to zero.
+    lam = jnp.maximum(scaling.failure_rate(log_p), np.finfo(dtype).tiny)
+    if mode == "sera":
+      active = _select_active(log_p, lam, budget, n_min, n_max, threshold, force_active)
+    else:
+      active = jnp.ones(num_prompts, bool)
+    counts, continuous, target = _equalized(log_p, lam, active, budget, n_min, n_max)
+
+  has_rollouts = active & (counts > 0)
+  safe_counts = jnp.maximum(counts, 1).astype(dtype)
+  unit = baseline_n.astype(dtype) / safe_counts if normalize_by_rollout_count else 1.0
+  weights = jnp.where(has_rollouts, unit, 0.0).astype(dtype)
+  coverage = scaling.coverage(log_p, counts)
+  if normalize_by_rho and mode != "uniform":
+    rho = jnp.sum(jnp.where(active, coverage, 0.0)) / jnp.sum(active)
+    weights = weights / rho
+  return Allocation(
+      counts=counts.astype(jnp.int32),
+      weights=weights,
+      active=active,
+      continuous=continuous,
+      target_fidelity=target,
+      fidelity=scaling.fidelity(log_p, counts),
+      coverage=coverage,
+  )
+
+
+_allocate_jit = jax.jit(
+    _allocate, static_argnames=("mode", "normalize_by_rollout_count", "normalize_by_rho"))
+
+
+def _check_bounds(baseline_n, n_min, n_max):
+  """Eager checks of the budget bounds (skipped for traced values)."""
+  if not all(map(_validation.is_concrete, (baseline_n, n_min, n_max))):
+    return
+  n_min = _validation.integer("n_min", n_min, minimum=1)
+  baseline_n = _validation.integer("baseline_n", baseline_n, minimum=1)
+  n_max = _validation.integer("n_max", n_max, minimum=1)
+  if n_min > baseline_n:
+    raise ValueError(
+        f"n_min must be <= baseline_n, else the budget M * baseline_n cannot give every "
+        f"active prompt n_min rollouts; got n_min={n_min}, baseline_n={baseline_n}.")
+  if baseline_n > n_max:
+    raise ValueError(
+        f"baseline_n must be <= n_max, else the budget M * baseline_n cannot be spent with "
+        f"at most n_max rollouts a prompt; got baseline_n={baseline_n}, n_max={n_max}.")
+
+
+def allocate(
+    log_p: jax.Array,
+    *,
+    baseline_n: int,
+    n_min: int,
+    n_max: int,
+    mode: str = "sera",
+    threshold: float = 0.05,
+    normalize_by_rollout_count: bool = True,
+    normalize_by_rho: bool = False,
+    force_active: jax.Array | None = None,
+) -> Allocation:
+  """Allocates B = M * baseline_n rollouts over M prompts (DESIGN §1.1–1.4).
+
+  Modes:
+    * "uniform": n_q = baseline_n for every prompt (the MaxRL baseline).
+    * "equalized": every prompt active; n_q = clip(1 + tau / lam_q, n_min,
+      n_max) with tau solving sum_q n_q = B (§1.1), rounded to integers by
+      the marginal squared error to the waterline (§1.2).
+    * "sera": the equalized allocation over the largest prefix of prompts,
+      ranked by mixed(p_q, n_max), whose groups stay mixed with probability
+      >= threshold (§1.3); the rest get 0.
+  Weights (§1.4): w_q = baseline_n / n_q on active prompts (1 when
+  `normalize_by_rollout_count` is False), divided by rho = mean active
+  coverage(p_q, n_q) when `normalize_by_rho` (ignored in "uniform" mode,
+  whose weights are the plain MaxRL ones by definition).
+
+  Args:
+    log_p: [M] log success probabilities, finite and <= 0. p is clamped to
+      [tiny, 1 - ulp] of the dtype.
+    baseline_n: N0, the mean rollouts per prompt; the budget is M * N0.
+    n_min: the fewest rollouts of an active prompt (>= 1; 2 to learn).
+    n_max: the most rollouts of one prompt.
+    mode: "uniform", "equalized" or "sera".
+    threshold: minimum mixed-group probability of an active prompt, in [0, 1].
+    normalize_by_rollout_count: use w_q = N0 / n_q (True) or 1 (False).
+    normalize_by_rho: divide the weights by the mean active coverage.
+    force_active: optional bool [M]; these prompts are always active in
+      "sera" mode (ranked first and exempt from the threshold).
+
+  Returns:
+    An `Allocation`.
+
+  Raises:
+    ValueError: on invalid log-probabilities, infeasible bounds
+      (n_min < 1, n_min > baseline_n, baseline_n > n_max), a threshold
+      outside [0, 1], an unknown mode, or a force_active shape mismatch.
+  """
+  log_p = _validation.log_probabilities("log_p", log_p)
+  _validation.rank("log_p", log_p, 1)
+  _validation.choice("mode", mode, MODES)
+  _check_bounds(baseline_n, n_min, n_max)
+  if _validation.is_concrete(threshold):
+    threshold = _validation.in_unit_interval("threshold", threshold)
+  if force_active is None:
+    force_active = jnp.zeros(log_p.shape, bool)
+  else:
+    force_active = _validation.mask("force_active", force_active)
+    _validation.same_shape(("log_p", "force_active"), log_p, force_active)
+  as_int = lambda v: jnp.asarray(v, jnp.int32)  # noqa: E731
+  return _allocate_jit(
+      log_p, as_int(baseline_n), as_int(n_min), as_int(n_max),
+      jnp.asarray(threshold, log_p.dtype), force_active,
+      mode=mode,
+      normalize_by_rollout_count=bool(normalize_by_rollout_count),
+      normalize_by_rho=bool(normalize_by_rho))

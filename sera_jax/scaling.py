@@ -1,0 +1,106 @@
+"""Scale factors of finite-sample MaxRL estimators, in log space.
+
+For a prompt with success probability p (given as log p) and n rollouts:
+
+* `fidelity`  kappa(p, n) = 1 - (1 - p)^(n - 1)    (centered MaxRL, DESIGN §1)
+* `coverage`  pass@n      = 1 - (1 - p)^n          (plain MaxRL, DESIGN §1)
+* `mixed_probability`     = 1 - (1 - p)^n - p^n    (a group is mixed, §1.3)
+* `truncated_objective`   J_n = -sum_{k=1..n} (1 - p)^k / k, the order-n
+  truncation of log p = -sum_k (1 - p)^k / k, whose gradient is
+  coverage(p, n) * grad log p.
+
+All functions take log p so that p far below float precision (log p = -1000)
+and p a hair below one (log p = -1e-12) stay accurate: 1 - p is formed as
+-expm1(log p) and log(1 - p) as log1mexp(log p), never as 1 - exp(log p).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from sera_jax import _validation
+
+_LOG_HALF = -0.6931471805599453
+
+
+def log1mexp(x: jax.Array) -> jax.Array:
+  """log(1 - exp(x)) for x <= 0, accurate at both ends (Maechler 2012)."""
+  x = jnp.asarray(x)
+  near_zero = x > _LOG_HALF
+  safe_near = jnp.where(near_zero, x, _LOG_HALF)
+  safe_far = jnp.where(near_zero, _LOG_HALF, x)
+  return jnp.where(near_zero, jnp.log(-jnp.expm1(safe_near)), jnp.log1p(-jnp.exp(safe_far)))
+
+
+def failure_rate(log_p: jax.Array) -> jax.Array:
+  """lambda = -log(1 - p) (DESIGN §1.1), computed from log p."""
+  return -log1mexp(log_p)
+
+
+def _power_of_failure(log_p: jax.Array, n: jax.Array) -> jax.Array:
+  """(1 - p)^n as a log, with 0 * log(0) = 0 so that p = 1, n = 0 gives 1."""
+  log_q = log1mexp(log_p)
+  return jnp.where(n == 0, 0.0, n * log_q)
+
+
+def _broadcast(log_p, n):
+  log_p = jnp.asarray(log_p)
+  n = jnp.asarray(n, dtype=log_p.dtype)
+  return jnp.broadcast_arrays(log_p, n)
+
+
+def fidelity(log_p: jax.Array, n: jax.Array) -> jax.Array:
+  """kappa(p, n) = 1 - (1 - p)^(n - 1), and 0 at n = 0 (DESIGN §1).
+
+  E[g] = kappa(p, n) grad log p for the centered MaxRL estimator with n
+  rollouts; kappa(p, 1) = 0 (one rollout carries no signal).
+
+  Args:
+    log_p: log success probabilities, finite and <= 0.
+    n: rollout counts (>= 0), broadcastable against `log_p`.
+
+  Returns:
+    kappa with the broadcast shape, in the floating dtype of `log_p`.
+  """
+  log_p, n = _broadcast(_validation.log_probabilities("log_p", log_p), n)
+  kappa = -jnp.expm1(_power_of_failure(log_p, jnp.maximum(n - 1, 0)))
+  return jnp.where(n >= 1, kappa, 0.0)
+
+
+def coverage(log_p: jax.Array, n: jax.Array) -> jax.Array:
+  """pass@n = 1 - (1 - p)^n, the scale of the plain MaxRL estimator (DESIGN §1)."""
+  log_p, n = _broadcast(_validation.log_probabilities("log_p", log_p), n)
+  return -jnp.expm1(_power_of_failure(log_p, n))
+
+
+def mixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
+  """P(0 < K < n) = 1 - (1 - p)^n - p^n for n > 0, else 0 (DESIGN §1.3).
+
+  Whichever of (1 - p)^n and p^n is the larger is taken out through expm1 so
+  that the difference keeps its digits for p near 0 and near 1.
+  """
+  log_p, n = _broadcast(_validation.log_probabilities("log_p", log_p), n)
+  log_q_n = _power_of_failure(log_p, n)
+  log_p_n = n * log_p
+  small_p = log_p < _LOG_HALF
+  # small p: (1 - (1-p)^n) - p^n ; large p: (1 - p^n) - (1-p)^n.
+  big, small = jnp.where(small_p, log_q_n, log_p_n), jnp.where(small_p, log_p_n, log_q_n)
+  value = -jnp.expm1(big) - jnp.exp(small)
+  return jnp.where(n > 0, jnp.clip(value, 0.0, 1.0), 0.0)
+
+
+def truncated_objective(log_p: jax.Array, n: int) -> jax.Array:
+  """J_n(p) = -sum_{k=1..n} (1 - p)^k / k, the order-n truncation of log p.
+
+  dJ_n/dp = (1 - (1-p)^n) / p, so grad J_n = coverage(p, n) grad log p: the
+  plain MaxRL estimator with n rollouts is unbiased for J_n, and centered
+  MaxRL with n rollouts for J_{n-1}. J_n -> log p as n -> infinity.
+
+  Args:
+    log_p: log success probabilities, finite and <= 0.
+    n: the truncation order, a static Python int >= 0 (J_0 = 0).
+  """
+  log_p = _validation.log_probabilities("log_p", log_p)
+  n = _validation.integer("n", n, minimum=0)
+  k = jnp.arange(1, n + 1, dtype=log_p.dtype)
+  log_q = log1mexp(log_p)[..., None]
+  return -jnp.sum(jnp.exp(k * log_q) / k, axis=-1)
