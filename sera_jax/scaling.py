@@ -75,6 +75,8 @@ def coverage(log_p: jax.Array, n: jax.Array) -> jax.Array:
 def mixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
   """P(0 < K < n) = 1 - (1 - p)^n - p^n for n > 0, else 0 (DESIGN §1.3).
 
+  Exactly 0 for n <= 1 (a single rollout is never mixed).
+
   Whichever of (1 - p)^n and p^n is the larger is taken out through expm1 so
   that the difference keeps its digits for p near 0 and near 1.
   """
@@ -85,7 +87,7 @@ def mixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
   # small p: (1 - (1-p)^n) - p^n ; large p: (1 - p^n) - (1-p)^n.
   big, small = jnp.where(small_p, log_q_n, log_p_n), jnp.where(small_p, log_p_n, log_q_n)
   value = -jnp.expm1(big) - jnp.exp(small)
-  return jnp.where(n > 0, jnp.clip(value, 0.0, 1.0), 0.0)
+  return jnp.where(n > 1, jnp.clip(value, 0.0, 1.0), 0.0)
 
 
 def truncated_objective(log_p: jax.Array, n: int) -> jax.Array:

@@ -1,0 +1,188 @@
+"""Invariants and edge cases of sera_jax.allocation (DESIGN §1.1–1.4).
+
+Exact agreement with the float64 NumPy reference lives in test_verification.py.
+"""
+
+import chex
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sera_jax import allocation, scaling
+from sera_jax.allocation import allocate
+
+# Few distinct shapes so hypothesis examples reuse compiled code.
+SIZES = (1, 2, 5, 16, 33)
+probabilities = st.floats(1e-9, 1 - 1e-6)
+
+
+@st.composite
+def problems(draw, distinct=False):
+  size = draw(st.sampled_from(SIZES))
+  p = draw(hnp.arrays(np.float64, size, elements=probabilities, unique=distinct))
+  baseline_n = draw(st.sampled_from((2, 4, 16)))
+  n_min = draw(st.sampled_from((1, 2)))
+  n_max = baseline_n * draw(st.sampled_from((1, 2, 4)))
+  return np.log(p), baseline_n, n_min, n_max
+
+
+def _alloc(log_p, baseline_n, n_min, n_max, mode, **kw):
+  return allocate(jnp.asarray(log_p, jnp.float32), baseline_n=baseline_n, n_min=n_min,
+                  n_max=n_max, mode=mode, **kw)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems(), st.sampled_from(allocation.MODES), st.booleans())
+def test_budget_bounds_and_weights(problem, mode, by_count):
+  log_p, baseline_n, n_min, n_max = problem
+  a = _alloc(log_p, baseline_n, n_min, n_max, mode, normalize_by_rollout_count=by_count)
+  counts, active = np.asarray(a.counts), np.asarray(a.active)
+  assert a.counts.dtype == jnp.int32
+  assert counts.sum() == len(log_p) * baseline_n
+  assert np.all(counts[active] >= n_min) and np.all(counts <= n_max)
+  assert np.all(counts[~active] == 0)
+  expected = baseline_n / np.maximum(counts, 1) if by_count else np.ones_like(counts)
+  np.testing.assert_allclose(a.weights, np.where(active, expected, 0.0), rtol=1e-6)
+  assert np.all(np.isfinite(a.continuous)) and np.isfinite(a.target_fidelity)
+
+
+@settings(max_examples=40, deadline=None)
+@given(problems())
+def test_equalized_continuous_is_monotone_and_rounding_within_one(problem):
+  log_p, baseline_n, n_min, n_max = problem
+  a = _alloc(log_p, baseline_n, n_min, n_max, "equalized")
+  order = np.argsort(log_p, kind="stable")  # ascending p
+  continuous = np.asarray(a.continuous, np.float64)[order]
+  assert np.all(np.diff(continuous) <= 1e-4 * continuous[1:]), "n(tau) must not grow with p"
+  assert np.all(np.abs(np.asarray(a.counts) - np.asarray(a.continuous)) <= 1 + 1e-4)
+  np.testing.assert_allclose(np.asarray(a.continuous).sum(), len(log_p) * baseline_n, rtol=1e-4)
+
+
+@settings(max_examples=30, deadline=None)
+@given(problems(distinct=True), st.sampled_from(allocation.MODES), st.randoms())
+def test_permutation_equivariance_without_ties(problem, mode, random):
+  log_p, baseline_n, n_min, n_max = problem
+  perm = np.arange(len(log_p))
+  random.shuffle(perm)
+  with jax.enable_x64(True):
+    a = allocate(jnp.asarray(log_p), baseline_n=baseline_n, n_min=n_min, n_max=n_max, mode=mode)
+    b = allocate(jnp.asarray(log_p[perm]), baseline_n=baseline_n, n_min=n_min, n_max=n_max,
+                 mode=mode)
+  # Distinct p can still tie in marginal error after float rounding only
+  # when the p are within a few ulps; hypothesis floats are far apart.
+  np.testing.assert_array_equal(np.asarray(a.counts)[perm], b.counts)
+  np.testing.assert_array_equal(np.asarray(a.active)[perm], b.active)
+
+
+def test_equal_probabilities_give_equal_counts():
+  a = _alloc(np.full(8, np.log(0.3)), 4, 2, 16, "equalized")
+  np.testing.assert_array_equal(a.counts, np.full(8, 4))
+
+
+def test_ties_break_towards_smaller_index():
+  # Three equal prompts, budget 3 * 3 = 9 with n_min = n_max - 1 = 2 leaves
+  # the remainder to the tie-break.
+  a = _alloc(np.full(3, np.log(0.2)), 3, 2, 4, "equalized")
+  assert a.counts.sum() == 9
+  two = _alloc(np.full(2, np.log(0.2)), 3, 2, 5, "equalized")
+  np.testing.assert_array_equal(two.counts, [3, 3])
+
+
+def test_budget_at_the_floor_gives_n_min_and_the_lowest_fidelity():
+  log_p = np.log(np.array([0.01, 0.2, 0.9]))
+  a = _alloc(log_p, 2, 2, 8, "equalized")
+  np.testing.assert_array_equal(a.counts, [2, 2, 2])
+  np.testing.assert_allclose(a.target_fidelity, scaling.fidelity(log_p.min(), 2), rtol=1e-6)
+
+
+def test_hard_prompt_gets_more_and_fidelity_is_equalized():
+  log_p = np.log(np.array([0.02, 0.1, 0.5, 0.9]))
+  uniform = _alloc(log_p, 8, 2, 64, "uniform")
+  equalized = _alloc(log_p, 8, 2, 64, "equalized")
+  assert equalized.counts[0] > equalized.counts[3]
+  assert np.ptp(equalized.fidelity) < np.ptp(uniform.fidelity)
+
+
+def test_impossible_prompt_float32():
+  # log p = -700: n_max under "equalized", 0 under "sera" unless forced.
+  log_p = jnp.asarray([-700.0] + [float(np.log(0.3))] * 7, jnp.float32)
+  eq = allocate(log_p, baseline_n=8, n_min=2, n_max=32, mode="equalized")
+  sera = allocate(log_p, baseline_n=8, n_min=2, n_max=32, mode="sera")
+  forced = allocate(log_p, baseline_n=8, n_min=2, n_max=32, mode="sera",
+                    force_active=jnp.arange(8) == 0)
+  assert int(eq.counts[0]) == 32 and int(sera.counts[0]) == 0 and bool(forced.active[0])
+  assert int(forced.counts[0]) == 32
+  for a in (eq, sera, forced):
+    for leaf in jax.tree.leaves(a):
+      assert np.all(np.isfinite(leaf))
+    assert int(a.counts.sum()) == 64
+
+
+def test_sera_switches_off_saturated_prompts():
+  log_p = np.log(np.array([1 - 1e-9, 0.5, 0.3, 1e-9]))
+  a = _alloc(log_p, 4, 2, 16, "sera")
+  np.testing.assert_array_equal(a.active, [False, True, True, False])
+  assert a.counts.sum() == 16
+
+
+def test_rho_normalization_divides_by_mean_active_coverage():
+  log_p = np.log(np.array([0.05, 0.2, 0.6]))
+  plain = _alloc(log_p, 4, 2, 16, "sera")
+  rho = _alloc(log_p, 4, 2, 16, "sera", normalize_by_rho=True)
+  mean_coverage = np.asarray(plain.coverage)[np.asarray(plain.active)].mean()
+  np.testing.assert_allclose(rho.weights, plain.weights / mean_coverage, rtol=1e-6)
+  uniform = _alloc(log_p, 4, 2, 16, "uniform", normalize_by_rho=True)
+  np.testing.assert_allclose(uniform.weights, 1.0)
+
+
+def test_traced_once_for_one_shape():
+  traced = jax.jit(chex.assert_max_traces(
+      lambda lp, n0, lo, hi, t: allocate(lp, baseline_n=n0, n_min=lo, n_max=hi, threshold=t),
+      n=1))
+  rng = np.random.default_rng(0)
+  for n0 in (2, 4, 8):
+    traced(jnp.log(jnp.asarray(rng.uniform(0.01, 1, 12), jnp.float32)), n0, 1, 4 * n0, 0.05)
+  before = allocation._allocate_jit._cache_size()
+  for n0 in (2, 4, 8):
+    allocate(jnp.log(jnp.asarray(rng.uniform(0.01, 1, 13), jnp.float32)), baseline_n=n0,
+             n_min=2, n_max=2 * n0)
+  assert allocation._allocate_jit._cache_size() == before + 1
+
+
+@pytest.mark.parametrize("mode", allocation.MODES)
+def test_vmap_equals_single_calls(mode):
+  rng = np.random.default_rng(1)
+  log_p = jnp.log(jnp.asarray(rng.beta(0.3, 1.5, (8, 24)) + 1e-6, jnp.float32))
+  batched = jax.vmap(lambda lp: allocate(lp, baseline_n=8, n_min=2, n_max=32, mode=mode))(log_p)
+  for i in range(8):
+    single = allocate(log_p[i], baseline_n=8, n_min=2, n_max=32, mode=mode)
+    chex.assert_trees_all_close(jax.tree.map(lambda x: x[i], batched), single, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(log_p=[-1.0, float("nan")]), "log_p.*NaN"),
+    (dict(log_p=[-1.0, 0.1]), "log_p.*positive"),
+    (dict(log_p=[-1.0, -float("inf")]), "log_p.*-inf"),
+    (dict(log_p=[[-1.0]]), "log_p must have rank 1"),
+    (dict(n_min=0), "n_min must be >= 1"),
+    (dict(n_min=5), "n_min must be <= baseline_n"),
+    (dict(n_max=3), "baseline_n must be <= n_max"),
+    (dict(threshold=1.5), "threshold must lie in"),
+    (dict(mode="greedy"), "mode must be one of"),
+    (dict(force_active=[True]), "shape mismatch"),
+    (dict(force_active=[2, 0]), "force_active must be boolean-like"),
+])
+def test_rejects_bad_input(kwargs, message):
+  args = dict(log_p=[-1.0, -2.0], baseline_n=4, n_min=2, n_max=8) | kwargs
+  log_p = args.pop("log_p")
+  with pytest.raises(ValueError, match=message):
+    allocate(jnp.asarray(log_p), **args)
+
+
+def test_rejects_non_integer_counts():
+  with pytest.raises(TypeError, match="baseline_n must be an int"):
+    allocate(jnp.asarray([-1.0]), baseline_n=4.5, n_min=2, n_max=8)
