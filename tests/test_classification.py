@@ -1,0 +1,153 @@
+"""Classification as RL: logit-space gradients against autodiff and in expectation (DESIGN §2)."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import parameterized
+
+from sera_jax import allocate, classification, estimators
+from sera_jax.success import oracle_log_p
+
+M, C, N0 = 6, 5, 4
+
+
+def _problem(seed=0):
+  key = jax.random.key(seed)
+  logits = 1.5 * jax.random.normal(key, (M, C))
+  labels = jnp.arange(M) % C
+  alloc = allocate(oracle_log_p(logits, labels), baseline_n=N0, n_min=2, n_max=4 * N0,
+                   mode="equalized")
+  return logits, labels, alloc
+
+
+class GradientTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters("maxrl", "maxrl_plain", "grpo", "rloo", "reinforce")
+  def test_logit_grad_equals_autodiff_of_the_surrogate_loss(self, estimator):
+    logits, labels, alloc = _problem()
+    width = 4 * N0
+
+    @self.variant
+    def both(key, logits):
+      rollouts = classification.sample_rollouts(key, logits, labels, alloc.counts,
+                                                max_rollouts=width)
+      adv = estimators.advantages(rollouts.rewards, rollouts.mask, estimator=estimator)
+
+      def loss(lg):
+        log_probs = jnp.take_along_axis(jax.nn.log_softmax(lg), rollouts.actions, axis=1)
+        return estimators.policy_loss(log_probs, adv, rollouts.mask, alloc.weights, N0)
+
+      ours = classification.rollout_logit_grad(logits, rollouts, adv, alloc.weights,
+                                               baseline_n=N0)
+      return ours, -jax.grad(loss)(logits)
+
+    ours, autodiff = both(jax.random.key(3), logits)
+    assert float(jnp.abs(ours).max()) > 0
+    np.testing.assert_allclose(ours, autodiff, rtol=1e-5, atol=1e-5 * float(jnp.abs(ours).max()))
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_exact_grad_is_the_gradient_of_the_mean_log_likelihood(self):
+    logits, labels, _ = _problem(1)
+    exact = self.variant(classification.exact_logit_grad)(logits, labels)
+    autodiff = jax.grad(lambda lg: jnp.mean(oracle_log_p(lg, labels)))(logits)
+    np.testing.assert_allclose(exact, autodiff, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("estimator", ["maxrl", "grpo"])
+@pytest.mark.parametrize("mode", ["sera", "uniform"])
+def test_monte_carlo_mean_matches_expected_logit_grad(estimator, mode):
+  logits, labels, _ = _problem(2)
+  alloc = allocate(oracle_log_p(logits, labels), baseline_n=N0, n_min=2, n_max=4 * N0, mode=mode)
+  draws = 10_000
+  keys = jax.random.split(jax.random.key(7), draws)
+  sample = jax.jit(jax.vmap(lambda k: classification.estimate_logit_grad(
+      k, logits, labels, alloc, baseline_n=N0, estimator=estimator, max_rollouts=4 * N0)))
+  grads = np.asarray(sample(keys), np.float64)
+  expected = classification.expected_logit_grad(logits, labels, alloc, baseline_n=N0,
+                                                estimator=estimator)
+  mean = grads.mean(0)
+  stderr = grads.std(0) / np.sqrt(draws)
+  z = np.abs(mean - np.asarray(expected)) / np.maximum(stderr, 1e-12)
+  assert z.max() < 4.0, (z.max(), mean, expected)
+
+
+def test_success_is_exact_in_law_for_tiny_p():
+  """P(K >= 1) for p = 1e-6 and n = 512 matches 1 - (1 - p)^512 within 4 standard errors."""
+  n, groups, chunk = 512, 100_000, 10_000
+  log_p = np.log(1e-6)
+  # Two classes: logits [0, log p - log(1 - p)] give softmax[1] = p exactly.
+  logits = jnp.tile(jnp.asarray([[0.0, log_p - np.log1p(-1e-6)]], jnp.float32), (chunk, 1))
+  labels = jnp.ones(chunk, jnp.int32)
+  counts = jnp.full(chunk, n, jnp.int32)
+
+  @jax.jit
+  def hits(key):
+    rollouts = classification.sample_rollouts(key, logits, labels, counts, max_rollouts=n)
+    return jnp.sum(jnp.any(rollouts.rewards > 0, axis=1))
+
+  total = sum(int(hits(k)) for k in jax.random.split(jax.random.key(0), groups // chunk))
+  expected = -np.expm1(n * np.log1p(-1e-6))
+  stderr = np.sqrt(expected * (1 - expected) / groups)
+  assert abs(total / groups - expected) < 4 * stderr, (total / groups, expected)
+
+
+def test_failed_labels_follow_pi_on_the_wrong_classes():
+  logits = jnp.asarray([[2.0, 1.0, 0.0, -1.0, 3.0]])
+  labels = jnp.asarray([4])
+  draws = 4096
+  rollouts = classification.sample_rollouts(jax.random.key(1), logits, labels,
+                                            jnp.asarray([draws]), max_rollouts=draws)
+  failed = np.asarray(rollouts.actions[0])[np.asarray(rollouts.rewards[0]) == 0]
+  assert 4 not in failed
+  pi = np.asarray(jax.nn.softmax(logits[0]))[:4]
+  frequencies = np.bincount(failed, minlength=5)[:4] / len(failed)
+  stderr = np.sqrt(pi / pi.sum() * (1 - pi / pi.sum()) / len(failed))
+  assert np.all(np.abs(frequencies - pi / pi.sum()) < 4 * stderr)
+
+
+def test_log_uniform_has_the_uniform_law_including_the_far_tail():
+  log_u = np.asarray(classification.log_uniform(jax.random.key(0), (4_000_000,)), np.float64)
+  assert abs(log_u.mean() + 1) < 4 / np.sqrt(len(log_u))  # E[log U] = -1, Var = 1
+  for level in (0.5, 1e-3, 1e-5):
+    rate = np.mean(log_u < np.log(level))
+    assert abs(rate - level) < 4 * np.sqrt(level * (1 - level) / len(log_u)), (level, rate)
+  assert log_u.max() < 0
+
+
+def test_no_rollout_by_class_tensor_is_built():
+  """Nothing of shape [M, n_max, C] appears in the traced computation."""
+  num_prompts, num_classes, width = 8, 11, 16
+  logits = jnp.zeros((num_prompts, num_classes))
+  labels = jnp.zeros(num_prompts, jnp.int32)
+  alloc = allocate(oracle_log_p(logits, labels), baseline_n=4, n_min=2, n_max=width)
+  jaxpr = jax.make_jaxpr(lambda k, lg: classification.estimate_logit_grad(
+      k, lg, labels, alloc, baseline_n=4, max_rollouts=width))(jax.random.key(0), logits)
+  forbidden = (num_prompts, width, num_classes)
+
+  def shapes(jaxpr):
+    for eqn in jaxpr.eqns:
+      for var in eqn.outvars:
+        yield tuple(getattr(var.aval, "shape", ()))
+      for param in eqn.params.values():
+        for sub in param if isinstance(param, tuple | list) else (param,):
+          inner = getattr(sub, "jaxpr", sub)  # ClosedJaxpr -> Jaxpr
+          if hasattr(inner, "eqns"):
+            yield from shapes(inner)
+
+  seen = list(shapes(jaxpr.jaxpr))
+  assert (num_prompts, width) in seen  # the padded rollouts are there...
+  assert not [s for s in seen if s[-3:] == forbidden or s == forbidden[1:]]  # ...one-hots not
+
+
+def test_bad_input():
+  logits, labels, alloc = _problem()
+  with pytest.raises(ValueError, match="logits must have rank 2"):
+    classification.exact_logit_grad(logits[0], labels)
+  with pytest.raises(ValueError, match="one entry per row"):
+    classification.expected_logit_grad(logits, labels[:2], alloc, baseline_n=N0)
+  with pytest.raises(ValueError, match="estimator must be one of"):
+    classification.estimate_logit_grad(jax.random.key(0), logits, labels, alloc, baseline_n=N0,
+                                       estimator="ppo")
