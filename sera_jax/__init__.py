@@ -1,6 +1,14 @@
 """sera_jax: Scale-Equalized Rollout Allocation for Maximum Likelihood RL."""
 
 from sera_jax.allocation import MODES, Allocation, allocate, clamp_log_p
+from sera_jax.classification import (
+    Rollouts,
+    estimate_logit_grad,
+    exact_logit_grad,
+    expected_logit_grad,
+    sample_rollouts,
+)
+from sera_jax.estimators import ESTIMATORS, advantages, expected_scale, policy_loss
 from sera_jax.scaling import (
     coverage,
     failure_rate,
@@ -9,16 +17,43 @@ from sera_jax.scaling import (
     mixed_probability,
     truncated_objective,
 )
+from sera_jax.success import (
+    HistoricalState,
+    historical_estimate,
+    historical_init,
+    historical_stage,
+    historical_start_epoch,
+    oracle_log_p,
+    pilot_budget_split,
+    pilot_log_p,
+)
 
 __all__ = [
+    "ESTIMATORS",
     "MODES",
     "Allocation",
+    "HistoricalState",
+    "Rollouts",
+    "advantages",
     "allocate",
     "clamp_log_p",
     "coverage",
+    "estimate_logit_grad",
+    "exact_logit_grad",
+    "expected_logit_grad",
+    "expected_scale",
     "failure_rate",
     "fidelity",
+    "historical_estimate",
+    "historical_init",
+    "historical_stage",
+    "historical_start_epoch",
     "log1mexp",
     "mixed_probability",
+    "oracle_log_p",
+    "pilot_budget_split",
+    "pilot_log_p",
+    "policy_loss",
+    "sample_rollouts",
     "truncated_objective",
 ]
