@@ -137,14 +137,16 @@ def _select_active(log_p, lam, budget, n_min, n_max, threshold, force_active):
   """The active set of mode "sera" (§1.3): the largest useful prefix of the ranking.
 
   Prompts are ranked by mixed(p_q, n_max), descending (ties by index); the
-  first k are active. k is found by binary search over [required, eligible]
+  first k are active. The ranking sorts log(1 - mixed) ascending, the same
+  order without the float rounding of mixed to 1 that would tie prompts. k is found by binary search over [required, eligible]
   for the largest k whose allocation leaves every active prompt mixed with
   probability >= threshold. Force-activated prompts rank first, count as
   eligible and are exempt from the usefulness test.
   """
   num_prompts = log_p.shape[0]
   score = scaling.mixed_probability(log_p, n_max)
-  ranking = jnp.argsort(jnp.where(force_active, -jnp.inf, -score), stable=True)
+  unmixed = scaling.log_unmixed_probability(log_p, n_max)
+  ranking = jnp.argsort(jnp.where(force_active, -jnp.inf, unmixed), stable=True)
   rank = jnp.zeros(num_prompts, jnp.int32).at[ranking].set(jnp.arange(num_prompts, dtype=jnp.int32))
   eligible = jnp.sum((force_active | (score >= threshold)).astype(jnp.int32))
   required = jnp.maximum((budget + n_max - 1) // n_max, jnp.sum(force_active.astype(jnp.int32)))

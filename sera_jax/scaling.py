@@ -20,15 +20,25 @@ import jax.numpy as jnp
 from sera_jax import _validation
 
 _LOG_HALF = -0.6931471805599453
+_LOG_QUARTER = -1.3862943611198906
 
 
 def log1mexp(x: jax.Array) -> jax.Array:
-  """log(1 - exp(x)) for x <= 0, accurate at both ends (Maechler 2012)."""
+  """log(1 - exp(x)) for x <= 0, accurate at both ends (Maechler 2012).
+
+  Three branches, not Maechler's two: XLA's float64 log1p on the CPU loses
+  ~100 ulp for arguments in (-0.5, -0.25), so there 1 - exp(x), which is
+  exact to half an ulp, goes through log instead.
+  """
   x = jnp.asarray(x)
   near_zero = x > _LOG_HALF
-  safe_near = jnp.where(near_zero, x, _LOG_HALF)
-  safe_far = jnp.where(near_zero, _LOG_HALF, x)
-  return jnp.where(near_zero, jnp.log(-jnp.expm1(safe_near)), jnp.log1p(-jnp.exp(safe_far)))
+  middle = ~near_zero & (x > _LOG_QUARTER)
+  safe = lambda cond, fallback: jnp.where(cond, x, fallback)  # noqa: E731
+  return jnp.select(
+      [near_zero, middle],
+      [jnp.log(-jnp.expm1(safe(near_zero, _LOG_HALF))),
+       jnp.log(1 - jnp.exp(safe(middle, _LOG_HALF)))],
+      jnp.log1p(-jnp.exp(safe(~near_zero & ~middle, _LOG_QUARTER))))
 
 
 def failure_rate(log_p: jax.Array) -> jax.Array:
@@ -88,6 +98,16 @@ def mixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
   big, small = jnp.where(small_p, log_q_n, log_p_n), jnp.where(small_p, log_p_n, log_q_n)
   value = -jnp.expm1(big) - jnp.exp(small)
   return jnp.where(n > 1, jnp.clip(value, 0.0, 1.0), 0.0)
+
+
+def log_unmixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
+  """log P(K = 0 or K = n) = log((1 - p)^n + p^n): the log of 1 - mixed (DESIGN §1.3).
+
+  Ranks prompts by how mixed their groups are without saturating where
+  mixed rounds to 1 (p = 0.5, n = 512 has 1 - mixed = 2^-511).
+  """
+  log_p, n = _broadcast(_validation.log_probabilities("log_p", log_p), n)
+  return jnp.logaddexp(_power_of_failure(log_p, n), n * log_p)
 
 
 def truncated_objective(log_p: jax.Array, n: int) -> jax.Array:
