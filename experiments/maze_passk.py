@@ -1,0 +1,134 @@
+"""Pass@k of SERA, uniform MaxRL and GRPO on held-out mazes (issue 5).
+
+For each seed, every method starts from the same supervised warm start (same
+seed, same steps) and then trains with the same rollout budget B = M * N0 per
+step; pass@k (k = 1, 2, ..., 256, unbiased, from 256 samples a maze) is
+measured on the held-out mazes after the warm start and at the end of RL.
+
+  python experiments/maze_passk.py            # CPU config, 3 methods x 3 seeds (~30 min)
+  python experiments/maze_passk.py --tiny     # a one-minute smoke run
+
+Writes docs/figures/maze_passk.png, docs/figures/maze_passk.csv (mean and std
+over seeds, and every seed's value) and one train.run workdir per run under
+--workdir (metrics.jsonl, TensorBoard, checkpoints; reruns resume).
+"""
+
+import argparse
+import csv
+import importlib.util
+import os
+import pathlib
+import time
+
+import jax
+import numpy as np
+
+from sera_jax import train
+from sera_jax.maze_rl import PASS_AT_K, MazeTask
+from sera_jax.plotting import plt
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+WARM_START = "warm start"
+
+
+def load_config(tiny: bool):
+  spec = importlib.util.spec_from_file_location("maze_config", REPO / "experiments/configs/maze.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  if tiny:
+    config.update(dict(num_train_mazes=32, batch_size=8, num_eval_mazes=16, warmup_steps=20,
+                       num_steps=40, checkpoint_every=20))
+  config.eval_every = config.num_steps  # one evaluation, at the end
+  return config
+
+
+def warm_start_pass_at_k(config, seed: int) -> list[float]:
+  """pass@k right after the supervised warm start (identical for every method)."""
+  task = MazeTask(config)
+  state = task.init_state(jax.random.PRNGKey(seed))
+  for step in range(config.warmup_steps):
+    state, _ = task.train_step(state, step)
+  scores = task.evaluate(state)
+  return [scores[f"pass@{k}"] for k in PASS_AT_K]
+
+
+def write_csv(results: dict, seeds: list[int], path: pathlib.Path) -> None:
+  with open(path, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerow(["method", "k", "mean", "std", *[f"seed{s}" for s in seeds]])
+    for method, per_seed in results.items():
+      values = np.array([per_seed[s] for s in seeds])
+      for i, k in enumerate(PASS_AT_K):
+        writer.writerow([method, k, f"{values[:, i].mean():.4f}", f"{values[:, i].std():.4f}",
+                         *[f"{v:.4f}" for v in values[:, i]]])
+
+
+def plot(results: dict, seeds: list[int], config, path: pathlib.Path) -> None:
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  uniform = np.array([results["uniform"][s] for s in seeds]) if "uniform" in results else None
+  for method, per_seed in results.items():
+    values = np.array([per_seed[s] for s in seeds])
+    style = dict(linestyle="--", color="gray") if method == WARM_START else {}
+    left.errorbar(PASS_AT_K, values.mean(0), yerr=values.std(0), marker="o", capsize=3,
+                  label=method, **style)
+    if uniform is not None and method not in (WARM_START, "uniform"):
+      diff = values - uniform  # paired by seed: same warm start, same held-out mazes
+      right.errorbar(PASS_AT_K, diff.mean(0), yerr=diff.std(0), marker="o", capsize=3,
+                     label=f"{method} - uniform")
+  right.axhline(0.0, color="black", linewidth=0.8)
+  left.set(ylabel="pass@k (held-out mazes)")
+  right.set(ylabel="pass@k difference (paired by seed)")
+  for axis in (left, right):
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("k")
+    axis.grid(alpha=0.3)
+    axis.legend()
+  fig.suptitle(f"{config.maze_size}x{config.maze_size} mazes, B = {config.batch_size} x "
+               f"{config.baseline_n} rollouts/step, {config.num_steps - config.warmup_steps} RL "
+               f"steps, mean ± std over {len(seeds)} seeds")
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--tiny", action="store_true", help="a small smoke run")
+  parser.add_argument("--seeds", type=int, default=3)
+  parser.add_argument("--methods", nargs="+", default=["sera", "uniform", "grpo"])
+  parser.add_argument("--workdir", default=None, help="default runs/maze_passk[_tiny]")
+  parser.add_argument("--out", default=str(REPO / "docs/figures"))
+  args = parser.parse_args()
+  config = load_config(args.tiny)
+  workdir = pathlib.Path(args.workdir or REPO / ("runs/maze_passk" + "_tiny" * args.tiny))
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  seeds = list(range(args.seeds))
+  results = {WARM_START: {}} | {method: {} for method in args.methods}
+  start = time.time()
+  for seed in seeds:
+    config.seed = seed
+    results[WARM_START][seed] = warm_start_pass_at_k(config, seed)
+    for method in args.methods:
+      config.method = method
+      rows = train.run(config, os.fspath(workdir / f"{method}-seed{seed}"))
+      last = [row for row in rows if "pass@1" in row][-1]
+      results[method][seed] = [last[f"pass@{k}"] for k in PASS_AT_K]
+      print(f"seed {seed} {method}: pass@1 {last['pass@1']:.3f}  pass@256 "
+            f"{last['pass@256']:.3f}  ({time.time() - start:.0f} s)", flush=True)
+  name = "maze_passk" + "_tiny" * args.tiny
+  write_csv(results, seeds, out / f"{name}.csv")
+  plot(results, seeds, config, out / f"{name}.png")
+  print(f"| method | {' | '.join(f'pass@{k}' for k in PASS_AT_K)} |")
+  print(f"|---|{'---|' * len(PASS_AT_K)}")
+  for method, per_seed in results.items():
+    values = np.array([per_seed[s] for s in seeds])
+    cells = " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in zip(values.mean(0), values.std(0),
+                                                            strict=True))
+    print(f"| {method} | {cells} |")
+  print(f"total {time.time() - start:.0f} s; wrote {out / name}.png and .csv")
+
+
+if __name__ == "__main__":
+  main()

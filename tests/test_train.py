@@ -1,0 +1,133 @@
+"""The training loop end to end: CLI, outputs, resume after SIGKILL, bad input, ImageNet config."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from sera_jax import cli, train
+from sera_jax import config as config_lib
+from sera_jax.classification_task import validate_config
+from sera_jax.config import classification as base_config
+
+CONFIGS = os.path.join(os.path.dirname(__file__), os.pardir, "experiments", "configs")
+TINY = ["--config.num_steps=6", "--config.eval_every=3", "--config.checkpoint_every=2",
+        "--config.batch_size=16"]
+
+
+def _cli(*args, env=None):
+  return subprocess.run([sys.executable, "-m", "sera_jax.cli", *args], capture_output=True,
+                        text=True, env=env, timeout=600)
+
+
+def test_train_writes_every_output(tmp_path):
+  workdir = str(tmp_path / "run")
+  cli.main(["train", f"--workdir={workdir}", *TINY])
+  rows = train.read_metrics(workdir)
+  assert [r["step"] for r in rows] == list(range(6))
+  for name in ("cos/sera_realized", "cos/sera_expected", "cos/uniform_realized",
+               "cos/uniform_expected", "cos/sera_vs_uniform", "norm_ratio/sera_expected",
+               "rollouts/min", "rollouts/max", "rollouts/std", "active_fraction",
+               "useful_group_fraction", "all_zero_group_fraction", "p/mean", "p/q50",
+               "kappa/spread", "loss", "cross_entropy", "accuracy"):
+    assert all(np.isfinite(r[name]) for r in rows), name
+  assert "pass@1024" in rows[2] and "pass@1" in rows[5] and "pass@1" not in rows[0]
+  assert sum(r["rollouts/max"] > 8 for r in rows) > 0  # SERA spends unevenly
+  assert os.path.getsize(os.path.join(workdir, "alignment.png")) > 10_000
+  assert any(f.startswith("events.out.tfevents") for f in os.listdir(f"{workdir}/tensorboard"))
+  assert sorted(os.listdir(f"{workdir}/checkpoints")) == ["4", "6"]
+
+
+def test_align_every_skips_the_alignment_metrics(tmp_path):
+  workdir = str(tmp_path / "run")
+  cli.main(["train", f"--workdir={workdir}", *TINY, "--config.align_every=3",
+            "--config.method=uniform"])
+  rows = train.read_metrics(workdir)
+  assert ["cos/sera_expected" in r for r in rows] == [True, False, False, True, False, False]
+  assert all(r["rollouts/max"] == r["rollouts/min"] == 8 for r in rows)
+
+
+def test_killed_and_resumed_run_writes_the_same_metrics(tmp_path):
+  steps = ["--config.num_steps=12", "--config.checkpoint_every=3", "--config.eval_every=4",
+           "--config.batch_size=16"]
+  reference = str(tmp_path / "reference")
+  assert _cli("train", f"--workdir={reference}", *steps).returncode == 0
+  killed = str(tmp_path / "killed")
+  process = subprocess.Popen([sys.executable, "-m", "sera_jax.cli", "train",
+                              f"--workdir={killed}", *steps],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.time() + 300
+  while len(train.read_metrics(killed)) < 7 and time.time() < deadline:
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert len(train.read_metrics(killed)) < 12, "the run finished before it could be killed"
+  resumed = _cli("train", f"--workdir={killed}", "--resume", *steps)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert train.read_metrics(killed) == train.read_metrics(reference)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--config.batchsize=3"], "batchsize"),
+    (["--config.n_min=9"], "n_min must be <= baseline_n"),
+    (["--config.n_max=4"], "baseline_n must be <= n_max"),
+    (["--config.method=ppo"], "config.method must be one of"),
+])
+def test_bad_config_is_rejected_before_compiling(tmp_path, args, message):
+  result = _cli("train", f"--workdir={tmp_path}/run", *args)
+  assert result.returncode != 0
+  assert message in result.stderr + result.stdout
+  assert not os.path.exists(f"{tmp_path}/run/checkpoints")
+
+
+def test_batch_not_divisible_by_the_devices():
+  config = base_config()
+  config.batch_size = 12
+  with pytest.raises(ValueError, match="divisible by the device count.*12.*8 devices"):
+    validate_config(config, num_devices=8)
+
+
+def test_resume_without_checkpoint_and_changed_config(tmp_path):
+  result = _cli("train", f"--workdir={tmp_path}/none", "--resume", *TINY)
+  assert result.returncode != 0 and "no checkpoint" in result.stderr
+  assert _cli("train", f"--workdir={tmp_path}/run", *TINY).returncode == 0
+  changed = _cli("train", f"--workdir={tmp_path}/run", *TINY, "--config.method=uniform")
+  assert changed.returncode != 0 and "method" in changed.stderr
+
+
+def test_non_finite_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+  config = base_config()
+  config.update(method="ce", learning_rate=1e30, warmup_steps=0, schedule="constant",
+                num_steps=8, checkpoint_every=1, eval_every=0, batch_size=16)
+  with pytest.raises(train.NonFiniteError, match=r"at step (\d+).*last good checkpoint"):
+    train.run(config, str(tmp_path))
+  rows = train.read_metrics(str(tmp_path))
+  saved = sorted(int(s) for s in os.listdir(tmp_path / "checkpoints"))
+  assert saved and saved[-1] == len(rows) < 8
+
+
+def test_imagenet_config_missing_data_dir(tmp_path):
+  result = _cli("train", f"--config={CONFIGS}/imagenet_resnet50.py", f"--workdir={tmp_path}/r",
+                f"--config.dataset_kwargs.data_dir={tmp_path}/nothing")
+  assert result.returncode != 0
+  assert "downloads/manual" in result.stderr and "tfds build imagenet2012" in result.stderr
+
+
+def test_imagenet_config_one_step_under_mock_data(tmp_path):
+  config = config_lib.load(f"{CONFIGS}/imagenet_resnet50.py")
+  # The protocol's shapes on a CPU: 224x224 crops through the real tfds pipeline and
+  # ResNet-50, with a small batch and budget.
+  config.update(batch_size=4, baseline_n=2, n_max=8, num_steps=1, eval_every=0,
+                checkpoint_every=1)
+  config.dataset_kwargs.data_dir = str(tmp_path / "data")
+  with tfds.testing.mock_data(num_examples=16):
+    rows = train.run(config, str(tmp_path / "run"))
+  assert len(rows) == 1 and np.isfinite(rows[0]["cos/sera_expected"])
+  assert jax.device_count() >= 1
