@@ -6,7 +6,8 @@ expected, same batch, same budget B = M * N0) through one `jax.vjp`, and
 reports their cosines with the exact likelihood gradient. The update follows
 `config.method`: "ce" the exact gradient, "sera" / "uniform" / "equalized" the
 realized estimate with that allocation mode. Other steps push only the
-method's cotangent (the cost of a plain cross-entropy step plus sampling).
+method's cotangent (the cost of a plain cross-entropy step plus allocation
+and sampling); their rows carry no cosines.
 """
 
 from typing import Any, NamedTuple
@@ -95,7 +96,8 @@ def _surrogate_loss(logits, rollouts, advantages, alloc, baseline_n):
 def make_train_step(model, optimizer, config, *, align: bool):
   """The jitted step: (state, images, labels, step) -> (state, metrics)."""
   method = config.method
-  trained_mode = "sera" if method == "ce" else method
+  # Rollout statistics describe the trained allocation; "ce" reports SERA's.
+  stats_mode = "sera" if method == "ce" else method
   schedule = learning_rate_schedule(config)
 
   def realized(key, logits, labels, alloc, mode):
@@ -116,7 +118,7 @@ def make_train_step(model, optimizer, config, *, align: bool):
     log_p = oracle_log_p(logits, labels)
     exact = classification.exact_logit_grad(logits, labels)
 
-    allocations = {trained_mode: _allocate(config, log_p, trained_mode)}
+    allocations = {} if method == "ce" else {method: _allocate(config, log_p, method)}
     if align:
       for mode in ("sera", "uniform"):
         allocations.setdefault(mode, _allocate(config, log_p, mode))
@@ -136,17 +138,20 @@ def make_train_step(model, optimizer, config, *, align: bool):
     updates, opt_state = optimizer.update(descent, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
 
-    _, rollouts, advantages = sampled[trained_mode]
-    trained_alloc = allocations[trained_mode]
     cross_entropy = -jnp.mean(log_p)
     metrics = {
-        "loss": cross_entropy if method == "ce" else _surrogate_loss(
-            logits, rollouts, advantages, trained_alloc, config.baseline_n),
+        "loss": cross_entropy,
         "cross_entropy": cross_entropy,
         "accuracy": jnp.mean(jnp.argmax(logits, -1) == labels),
         "grad_norm": optax.tree.norm(ascent),
         "learning_rate": schedule(step),
-    } | _rollout_metrics(trained_alloc, rollouts, log_p)
+    }
+    if stats_mode in sampled:
+      _, rollouts, advantages = sampled[stats_mode]
+      metrics |= _rollout_metrics(allocations[stats_mode], rollouts, log_p)
+      if method != "ce":
+        metrics["loss"] = _surrogate_loss(logits, rollouts, advantages, allocations[method],
+                                          config.baseline_n)
     if align:
       gram = classification.gram_matrix(grads)[:len(ALIGNED), :len(ALIGNED)]
       cos = classification.cosines(gram)

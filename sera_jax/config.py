@@ -34,9 +34,9 @@ def classification() -> ml_collections.ConfigDict:
   config.normalize_by_rollout_count = True
   config.normalize_by_rho = False
   # Optimisation.
-  config.num_steps = 300
+  config.num_steps = 500
   config.optimizer = "sgd"  # sgd | adam
-  config.learning_rate = 0.1
+  config.learning_rate = 0.01
   config.momentum = 0.9
   config.weight_decay = 0.0
   config.schedule = "cosine"  # cosine | constant

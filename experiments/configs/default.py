@@ -1,4 +1,4 @@
-"""The main job: SERA on scikit-learn's embedded 8x8 digits, an MLP, 300 steps on a CPU.
+"""The main job: SERA on scikit-learn's embedded 8x8 digits, an MLP, 500 steps on a CPU.
 
 sera-jax train                                  # this config
 sera-jax train --config.method=uniform          # the MaxRL baseline
