@@ -6,11 +6,12 @@ step; pass@k (k = 1, 2, ..., 256, unbiased, from 256 samples a maze) is
 measured on the held-out mazes after the warm start and at the end of RL.
 
   python experiments/maze_passk.py            # CPU config, 3 methods x 3 seeds (~30 min)
-  python experiments/maze_passk.py --tiny     # a one-minute smoke run
+  python experiments/maze_passk.py --tiny     # a smoke run (about 2 minutes for 2 seeds)
 
 Writes docs/figures/maze_passk.png, docs/figures/maze_passk.csv (mean and std
 over seeds, and every seed's value) and one train.run workdir per run under
---workdir (metrics.jsonl, TensorBoard, checkpoints; reruns resume).
+--workdir (metrics.jsonl, TensorBoard, checkpoints; reruns resume). --tiny
+writes its figure and CSV into its workdir, runs/maze_passk_tiny.
 """
 
 import argparse
@@ -98,11 +99,12 @@ def main() -> None:
   parser.add_argument("--seeds", type=int, default=3)
   parser.add_argument("--methods", nargs="+", default=["sera", "uniform", "grpo"])
   parser.add_argument("--workdir", default=None, help="default runs/maze_passk[_tiny]")
-  parser.add_argument("--out", default=str(REPO / "docs/figures"))
+  parser.add_argument("--out", default=None,
+                      help="figure and CSV folder (default docs/figures; the workdir if --tiny)")
   args = parser.parse_args()
   config = load_config(args.tiny)
   workdir = pathlib.Path(args.workdir or REPO / ("runs/maze_passk" + "_tiny" * args.tiny))
-  out = pathlib.Path(args.out)
+  out = pathlib.Path(args.out or (workdir if args.tiny else REPO / "docs/figures"))
   out.mkdir(parents=True, exist_ok=True)
   seeds = list(range(args.seeds))
   results = {WARM_START: {}} | {method: {} for method in args.methods}

@@ -1,0 +1,107 @@
+"""Tests of maze RL: pass@k, the rollout layout and the MazeTask protocol (issue 5)."""
+
+import importlib.util
+import math
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sera_jax import maze_rl, train
+
+CONFIG_FILE = pathlib.Path(__file__).resolve().parent.parent / "experiments/configs/maze.py"
+
+
+def _config(**overrides):
+  spec = importlib.util.spec_from_file_location("maze_config", CONFIG_FILE)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  # Tiny: epochs of 2 steps, so SERA allocates from the second RL epoch on.
+  config.update(dict(num_train_mazes=8, batch_size=4, baseline_n=4, n_min=2, n_max=8,
+                     num_eval_mazes=2, eval_batch_size=2, dim=16, num_layers=1, num_heads=2,
+                     warmup_steps=3, num_steps=9) | overrides)
+  return config
+
+
+def test_pass_at_k_matches_binomial_formula():
+  successes = np.array([0, 1, 7, 100, 255, 256])
+  got = maze_rl.pass_at_k(successes, 256)
+  want = [np.mean([1 - math.comb(256 - c, k) / math.comb(256, k) for c in successes])
+          for k in maze_rl.PASS_AT_K]
+  np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+  with pytest.raises(ValueError, match=r"\[1, n = 4\]"):
+    maze_rl.pass_at_k(successes, 4, ks=(8,))
+
+
+def test_rollout_layout():
+  counts = jnp.array([3, 0, 1, 4])
+  prompt, slot = maze_rl.rollout_layout(counts, 8)
+  np.testing.assert_array_equal(prompt, [0, 0, 0, 2, 3, 3, 3, 3])
+  np.testing.assert_array_equal(slot, [0, 1, 2, 0, 0, 1, 2, 3])
+
+
+def test_bad_config_is_rejected():
+  with pytest.raises(ValueError, match="method"):
+    maze_rl.MazeTask(_config(method="ppo"))
+  with pytest.raises(ValueError, match="multiple of"):
+    maze_rl.MazeTask(_config(num_train_mazes=10))
+
+
+@pytest.fixture(scope="module")
+def sera_task():
+  return maze_rl.MazeTask(_config(method="sera", eval_every=9, checkpoint_every=3))
+
+
+def test_task_runs_with_static_shapes_and_resumes_exactly(sera_task):
+  task = sera_task
+  state = task.init_state(jax.random.PRNGKey(0))
+  assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(state))
+  rows, saved = [], None
+  for step in range(task.config.num_steps):
+    if step == 6:
+      saved = jax.tree.map(np.array, state)
+    state, metrics = task.train_step(state, step)
+    rows.append(jax.device_get(metrics))
+    assert all(np.isfinite(v) for v in rows[-1].values())
+  rl_rows = rows[task.config.warmup_steps:]
+  # The first RL epoch (2 steps) is uniform; later epochs allocate from estimates.
+  assert [row["estimated_fraction"] for row in rl_rows[:3]] == [0.0, 0.0, 1.0]
+  assert rl_rows[0]["rollouts/std"] == 0.0
+  assert task._rl_step._cache_size() == 1  # counts changed, no retrace
+  resumed = jax.tree.map(jnp.asarray, saved)
+  for step in range(6, task.config.num_steps):
+    resumed, metrics = task.train_step(resumed, step)
+    assert jax.device_get(metrics) == rows[step]
+  jax.tree.map(np.testing.assert_array_equal, resumed, state)
+  scores = task.evaluate(state)
+  assert sorted(scores) == sorted(f"pass@{k}" for k in maze_rl.PASS_AT_K)
+  assert all(0 <= v <= 1 for v in scores.values())
+
+
+def test_microbatches_accumulate_the_same_gradient():
+  params = []
+  for microbatches in (1, 2):
+    config = _config(method="grpo", microbatches=microbatches, optimizer="sgd", momentum=0.0,
+                     learning_rate=1.0, grad_clip_norm=1e9, warmup_steps=0)
+    task = maze_rl.MazeTask(config)
+    state, metrics = task.train_step(task.init_state(jax.random.PRNGKey(0)), 0)
+    assert np.isfinite(float(metrics["loss"]))
+    params.append(state.params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), *params)
+
+
+def test_train_loop_resumes_with_identical_metrics(sera_task, tmp_path):
+  config = sera_task.config
+  uninterrupted = train.run(config, str(tmp_path / "a"), task=sera_task)
+  stopped_early = config.copy_and_resolve_references()
+  stopped_early.num_steps = 5  # checkpoints at 3 and 5; the second run resumes from 5
+  train.run(stopped_early, str(tmp_path / "b"), task=sera_task)
+  resumed = train.run(config, str(tmp_path / "b"), resume=True, task=sera_task)
+  training_only = lambda rows: [{k: v for k, v in row.items() if "pass@" not in k}  # noqa: E731
+                                for row in rows]
+  assert training_only(resumed) == training_only(uninterrupted)
+  assert resumed[-1] == uninterrupted[-1] and "pass@256" in resumed[-1]
+  assert (tmp_path / "b" / "maze.png").exists()
