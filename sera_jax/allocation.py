@@ -20,7 +20,7 @@ import numpy as np
 from sera_jax import _validation, scaling
 
 MODES = ("uniform", "equalized", "sera")
-BISECTION_STEPS = 100  # DESIGN §1.1: exactly 100 halvings of the log-tau bracket.
+REGULA_FALSI_STEPS = 12  # narrows the waterline bracket before the exact float search.
 USEFUL_SLACK = 1e-12  # DESIGN §1.3: useful(k) compares mixed >= threshold - 1e-12.
 
 
@@ -72,15 +72,71 @@ def _total_rollouts(continuous: jax.Array, active: jax.Array) -> jax.Array:
   return whole_sum, fraction_sum
 
 
+class _Prompts(NamedTuple):
+  """Per-prompt logs computed once and shared by every waterline and test."""
+  log_p: jax.Array
+  log_q: jax.Array  # log(1 - p)
+  lam: jax.Array  # -log(1 - p), the failure rate of §1.1
+  floor_fidelity: jax.Array  # kappa(p, n_min)
+
+
+def _prompts(log_p: jax.Array, n_min: jax.Array) -> _Prompts:
+  log_q = scaling.log1mexp(log_p)
+  # p >= tiny implies lambda >= tiny; the floor keeps lambda > 0 where XLA
+  # flushes exp(log(tiny)) to zero.
+  lam = jnp.maximum(-log_q, np.finfo(log_p.dtype).tiny)
+  return _Prompts(log_p, log_q, lam, scaling.fidelity_from_logs(log_q, n_min))
+
+
+def _ordered_int(x: jax.Array) -> jax.Array:
+  """Monotone map of floats to signed ints of the same width (float order = int order).
+
+  XLA sorts one integer operand several times faster than floats or
+  (value, index) pairs, and consecutive ints are consecutive floats.
+  """
+  int_type = jnp.int64 if x.dtype == jnp.float64 else jnp.int32
+  bits = jax.lax.bitcast_convert_type(x, int_type)
+  magnitude = bits & jnp.iinfo(int_type).max
+  return jnp.where(bits < 0, -magnitude, bits)
+
+
+def _from_ordered_int(key: jax.Array, dtype) -> jax.Array:
+  """Inverse of `_ordered_int` (0 maps to +0.0)."""
+  bits = jnp.where(key < 0, (-key) | jnp.iinfo(key.dtype).min, key)
+  return jax.lax.bitcast_convert_type(bits, dtype)
+
+
+def _first_smallest(keys: jax.Array, sorted_keys: jax.Array, count: jax.Array) -> jax.Array:
+  """Mask of the `count` smallest keys, ties to the smaller index.
+
+  The same set as the first `count` entries of a stable argsort, from the
+  sorted keys alone: everything below the count-th smallest key, then that
+  key's ties in index order.
+  """
+  last = sorted_keys[jnp.clip(count - 1, 0, keys.shape[0] - 1)]
+  below = keys < last
+  tie = keys == last
+  room = count - jnp.sum(below.astype(jnp.int32))
+  return (count > 0) & (below | (tie & (jnp.cumsum(tie.astype(jnp.int32)) <= room)))
+
+
 def _waterline(lam, active, budget, n_min, n_max):
   """Solves sum_q clip(1 + tau / lam_q, n_min, n_max) = budget (§1.1).
 
-  Bisection on log(tau) for exactly BISECTION_STEPS steps; returns
-  (continuous [M], tau). Inactive prompts get 0.
+  DESIGN §1.1 bisects log(tau) for 100 steps between log(tau_lo) and
+  log(tau_hi); that many halvings leave lo and hi adjacent floats, so its
+  result is the largest float m in the bracket whose clipped sum at exp(m)
+  stays within the budget (the sum is monotone in m). This finds the same
+  float with far fewer passes over the prompts: regula falsi (Illinois) on
+  the piecewise-linear sum in tau narrows the bracket, then bisection over
+  the integers that order the floats makes lo and hi adjacent. Every bracket
+  end is classified by exactly the test of §1.1. Returns (continuous [M],
+  tau); inactive prompts get 0.
   """
   dtype = lam.dtype
   tiny = jnp.asarray(np.finfo(dtype).tiny, dtype)
   n_min_f, n_max_f = n_min.astype(dtype), n_max.astype(dtype)
+  budget_f = budget.astype(dtype)
   lam_min = jnp.min(jnp.where(active, lam, jnp.inf))
   lam_max = jnp.max(jnp.where(active, lam, 0.0))
   tau_lo = jnp.where(n_min == 1, tiny, (n_min_f - 1) * lam_min)
@@ -89,73 +145,122 @@ def _waterline(lam, active, budget, n_min, n_max):
   def continuous_at(tau):
     return jnp.clip(1 + tau / lam, n_min_f, n_max_f)
 
-  def halve(_, bracket):
+  def excess(m):
+    """(sum - budget as a float, whether the §1.1 test sets hi = m)."""
+    whole, fraction = _total_rollouts(continuous_at(jnp.exp(m)), active)
+    remaining = (budget - whole).astype(dtype)
+    return fraction - remaining, fraction > remaining
+
+  def regula_falsi(_, bracket):
+    lo, hi, f_lo, f_hi, side = bracket
+    tau_lo_, tau_hi_ = jnp.exp(lo), jnp.exp(hi)
+    tau = tau_lo_ - f_lo * (tau_hi_ - tau_lo_) / (f_hi - f_lo)
+    m = jnp.clip(jnp.log(tau), lo, hi)
+    value, over = excess(m)
+    inside = (m > lo) & (m < hi)
+    # Illinois: halve the stale end's value when the same end moves twice.
+    new_side = jnp.where(over, 1, -1)
+    f_lo = jnp.where(inside & over & (side == 1), 0.5 * f_lo, f_lo)
+    f_hi = jnp.where(inside & ~over & (side == -1), 0.5 * f_hi, f_hi)
+    lo, f_lo = jnp.where(inside & ~over, m, lo), jnp.where(inside & ~over, value, f_lo)
+    hi, f_hi = jnp.where(inside & over, m, hi), jnp.where(inside & over, value, f_hi)
+    return lo, hi, f_lo, f_hi, jnp.where(inside, new_side, side)
+
+  lo, hi = jnp.log(tau_lo), jnp.log(tau_hi)
+  f_lo = jnp.sum(jnp.where(active, n_min_f, 0.0)) - budget_f
+  f_hi = jnp.sum(jnp.where(active, n_max_f, 0.0)) - budget_f
+  lo, hi, _, _, _ = jax.lax.fori_loop(0, REGULA_FALSI_STEPS, regula_falsi,
+                                      (lo, hi, f_lo, f_hi, jnp.zeros((), jnp.int32)))
+
+  def halve(bracket):
     lo, hi = bracket
-    mid = 0.5 * (lo + hi)
-    whole, fraction = _total_rollouts(continuous_at(jnp.exp(mid)), active)
-    over = fraction > (budget - whole).astype(dtype)
+    mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # floor((lo + hi) / 2) without overflow
+    _, over = excess(_from_ordered_int(mid, dtype))
     return jnp.where(over, lo, mid), jnp.where(over, mid, hi)
 
-  lo, _ = jax.lax.fori_loop(0, BISECTION_STEPS, halve, (jnp.log(tau_lo), jnp.log(tau_hi)))
-  tau = jnp.exp(lo)
+  lo, _ = jax.lax.while_loop(lambda b: b[1] > b[0] + 1, halve,
+                             (_ordered_int(lo), _ordered_int(hi)))
+  tau = jnp.exp(_from_ordered_int(lo, dtype))
   return jnp.where(active, continuous_at(tau), 0.0), tau
 
 
-def _round_to_budget(log_p, active, continuous, target, budget, n_min, n_max):
+def _round_to_budget(prompts, active, continuous, target, budget, n_min, n_max):
   """Integer counts summing to `budget` (§1.2).
 
   Floors the continuous solution, then gives one more rollout to the R
   candidates (n_q < n_max) whose squared distance to the waterline improves
-  the most, ties to the smaller prompt index (stable sort).
+  the most, ties to the smaller prompt index.
   """
   counts = jnp.where(active, jnp.clip(jnp.floor(continuous).astype(jnp.int32), n_min, n_max), 0)
   remainder = budget - jnp.sum(counts)
   candidate = active & (counts < n_max)
-  marginal_error = ((scaling.fidelity(log_p, counts + 1) - target) ** 2
-                    - (scaling.fidelity(log_p, counts) - target) ** 2)
-  order = jnp.argsort(jnp.where(candidate, marginal_error, jnp.inf), stable=True)
-  chosen = jnp.zeros_like(active).at[order].set(jnp.arange(active.shape[0]) < remainder)
+  marginal_error = ((scaling.fidelity_from_logs(prompts.log_q, counts + 1) - target) ** 2
+                    - (scaling.fidelity_from_logs(prompts.log_q, counts) - target) ** 2)
+  keys = _ordered_int(jnp.where(candidate, marginal_error, jnp.inf))
+  chosen = _first_smallest(keys, jax.lax.sort(keys), remainder)
   return counts + chosen.astype(jnp.int32)
 
 
-def _equalized(log_p, lam, active, budget, n_min, n_max):
+def _continuous_solution(prompts, active, budget, n_min, n_max):
+  """The waterline among `active` prompts: (continuous [M], target_fidelity) (§1.1)."""
+  num_active = jnp.sum(active.astype(jnp.int32))
+  at_floor = budget == num_active * n_min
+  continuous, tau = _waterline(prompts.lam, active, budget, n_min, n_max)
+  floor_fidelity = jnp.min(jnp.where(active, prompts.floor_fidelity, jnp.inf))
+  target = jnp.where(at_floor, floor_fidelity, -jnp.expm1(-tau))
+  continuous = jnp.where(at_floor, jnp.where(active, n_min.astype(target.dtype), 0.0),
+                         continuous)
+  return continuous, target
+
+
+def _equalized(prompts, active, budget, n_min, n_max):
   """The "equalized" allocation of `budget` among `active` prompts (§1.1–1.2).
 
   Returns (counts, continuous, target_fidelity).
   """
-  num_active = jnp.sum(active.astype(jnp.int32))
-  at_floor = budget == num_active * n_min
-  continuous, tau = _waterline(lam, active, budget, n_min, n_max)
-  floor_fidelity = jnp.min(jnp.where(active, scaling.fidelity(log_p, n_min), jnp.inf))
-  target = jnp.where(at_floor, floor_fidelity, -jnp.expm1(-tau))
-  continuous = jnp.where(at_floor, jnp.where(active, n_min.astype(lam.dtype), 0.0), continuous)
-  counts = _round_to_budget(log_p, active, continuous, target, budget, n_min, n_max)
+  continuous, target = _continuous_solution(prompts, active, budget, n_min, n_max)
+  counts = _round_to_budget(prompts, active, continuous, target, budget, n_min, n_max)
   return counts, continuous, target
 
 
-def _select_active(log_p, lam, budget, n_min, n_max, threshold, force_active):
+def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
   """The active set of mode "sera" (§1.3): the largest useful prefix of the ranking.
 
   Prompts are ranked by mixed(p_q, n_max), descending (ties by index); the
   first k are active. The ranking sorts log(1 - mixed) ascending, the same
-  order without the float rounding of mixed to 1 that would tie prompts. k is found by binary search over [required, eligible]
-  for the largest k whose allocation leaves every active prompt mixed with
-  probability >= threshold. Force-activated prompts rank first, count as
+  order without the float rounding of mixed to 1 that would tie prompts. k is
+  found by binary search over [required, eligible] for the largest k whose
+  allocation leaves every active prompt mixed with probability >= threshold. Force-activated prompts rank first, count as
   eligible and are exempt from the usefulness test.
   """
-  num_prompts = log_p.shape[0]
-  score = scaling.mixed_probability(log_p, n_max)
-  unmixed = scaling.log_unmixed_probability(log_p, n_max)
-  ranking = jnp.argsort(jnp.where(force_active, -jnp.inf, unmixed), stable=True)
-  rank = jnp.zeros(num_prompts, jnp.int32).at[ranking].set(jnp.arange(num_prompts, dtype=jnp.int32))
+  log_p, log_q = prompts.log_p, prompts.log_q
+  score = scaling.mixed_from_logs(log_p, log_q, n_max)
+  unmixed = scaling.log_unmixed_from_logs(log_p, log_q, n_max)
+  keys = _ordered_int(jnp.where(force_active, -jnp.inf, unmixed))
+  sorted_keys = jax.lax.sort(keys)  # one sort serves every prefix
   eligible = jnp.sum((force_active | (score >= threshold)).astype(jnp.int32))
   required = jnp.maximum((budget + n_max - 1) // n_max, jnp.sum(force_active.astype(jnp.int32)))
 
   def useful(k):
-    active = rank < k
-    counts, _, _ = _equalized(log_p, lam, active, budget, n_min, n_max)
-    mixed = scaling.mixed_probability(log_p, counts)
-    return jnp.all(~active | force_active | (mixed >= threshold - USEFUL_SLACK))
+    """§1.3's test on the rounded counts, which lie between floor(n_q(tau)) and one more.
+
+    mixed is increasing in n, so the rounding only has to run when the
+    floors fail the test and the floors plus one pass it.
+    """
+    active = _first_smallest(keys, sorted_keys, k)
+    checked = active & ~force_active
+    continuous, target = _continuous_solution(prompts, active, budget, n_min, n_max)
+    floors = jnp.where(active, jnp.clip(jnp.floor(continuous).astype(jnp.int32), n_min, n_max), 0)
+
+    def passes(counts):
+      mixed = scaling.mixed_from_logs(log_p, log_q, counts)
+      return jnp.all(~checked | (mixed >= threshold - USEFUL_SLACK))
+
+    floors_pass, ceilings_pass = passes(floors), passes(jnp.minimum(floors + 1, n_max))
+    return jax.lax.cond(
+        floors_pass | ~ceilings_pass, lambda: floors_pass,
+        lambda: passes(_round_to_budget(prompts, active, continuous, target, budget, n_min,
+                                        n_max)))
 
   def search(state):
     lo, hi, best = state
@@ -165,7 +270,7 @@ def _select_active(log_p, lam, budget, n_min, n_max, threshold, force_active):
 
   _, _, best = jax.lax.while_loop(
       lambda state: state[0] <= state[1], search, (required, eligible, required))
-  return rank < best
+  return _first_smallest(keys, sorted_keys, best)
 
 
 def _allocate(log_p, baseline_n, n_min, n_max, threshold, force_active, *, mode,
@@ -174,26 +279,24 @@ def _allocate(log_p, baseline_n, n_min, n_max, threshold, force_active, *, mode,
   num_prompts = log_p.shape[0]
   dtype = log_p.dtype
   budget = num_prompts * baseline_n
+  prompts = _prompts(log_p, n_min)
   if mode == "uniform":
     active = jnp.ones(num_prompts, bool)
     counts = jnp.full(num_prompts, baseline_n, jnp.int32)
     continuous = counts.astype(dtype)
-    target = jnp.min(scaling.fidelity(log_p, counts))
+    target = jnp.min(scaling.fidelity_from_logs(prompts.log_q, counts))
   else:
-    # p >= tiny implies lambda >= tiny; the floor keeps lambda > 0 where XLA
-    # flushes exp(log(tiny)) to zero.
-    lam = jnp.maximum(scaling.failure_rate(log_p), np.finfo(dtype).tiny)
     if mode == "sera":
-      active = _select_active(log_p, lam, budget, n_min, n_max, threshold, force_active)
+      active = _select_active(prompts, budget, n_min, n_max, threshold, force_active)
     else:
       active = jnp.ones(num_prompts, bool)
-    counts, continuous, target = _equalized(log_p, lam, active, budget, n_min, n_max)
+    counts, continuous, target = _equalized(prompts, active, budget, n_min, n_max)
 
   has_rollouts = active & (counts > 0)
   safe_counts = jnp.maximum(counts, 1).astype(dtype)
   unit = baseline_n.astype(dtype) / safe_counts if normalize_by_rollout_count else 1.0
   weights = jnp.where(has_rollouts, unit, 0.0).astype(dtype)
-  coverage = scaling.coverage(log_p, counts)
+  coverage = scaling.coverage_from_logs(prompts.log_q, counts)
   if normalize_by_rho and mode != "uniform":
     rho = jnp.sum(jnp.where(active, coverage, 0.0)) / jnp.sum(active)
     weights = weights / rho
@@ -203,7 +306,7 @@ def _allocate(log_p, baseline_n, n_min, n_max, threshold, force_active, *, mode,
       active=active,
       continuous=continuous,
       target_fidelity=target,
-      fidelity=scaling.fidelity(log_p, counts),
+      fidelity=scaling.fidelity_from_logs(prompts.log_q, counts),
       coverage=coverage,
   )
 

@@ -46,16 +46,49 @@ def failure_rate(log_p: jax.Array) -> jax.Array:
   return -log1mexp(log_p)
 
 
-def _power_of_failure(log_p: jax.Array, n: jax.Array) -> jax.Array:
-  """(1 - p)^n as a log, with 0 * log(0) = 0 so that p = 1, n = 0 gives 1."""
-  log_q = log1mexp(log_p)
-  return jnp.where(n == 0, 0.0, n * log_q)
+def _power(log_x: jax.Array, n: jax.Array) -> jax.Array:
+  """log(x^n) = n log x, with 0 * log(0) = 0 so that x = 0, n = 0 gives 1."""
+  return jnp.where(n == 0, 0.0, n * log_x)
 
 
 def _broadcast(log_p, n):
   log_p = jnp.asarray(log_p)
   n = jnp.asarray(n, dtype=log_p.dtype)
   return jnp.broadcast_arrays(log_p, n)
+
+
+# The formulas, on log p and log q = log(1 - p) computed once by the caller
+# (the allocator evaluates them for many n on the same prompts).
+
+
+def fidelity_from_logs(log_q: jax.Array, n: jax.Array) -> jax.Array:
+  """kappa from log q = log(1 - p); see `fidelity`."""
+  return jnp.where(n >= 1, -jnp.expm1(_power(log_q, jnp.maximum(n - 1, 0))), 0.0)
+
+
+def coverage_from_logs(log_q: jax.Array, n: jax.Array) -> jax.Array:
+  """pass@n from log q = log(1 - p); see `coverage`."""
+  return -jnp.expm1(_power(log_q, n))
+
+
+def mixed_from_logs(log_p: jax.Array, log_q: jax.Array, n: jax.Array) -> jax.Array:
+  """mixed from log p and log q = log(1 - p); see `mixed_probability`."""
+  log_q_n, log_p_n = _power(log_q, n), n * log_p
+  small_p = log_p < _LOG_HALF
+  # small p: (1 - (1-p)^n) - p^n ; large p: (1 - p^n) - (1-p)^n.
+  big, small = jnp.where(small_p, log_q_n, log_p_n), jnp.where(small_p, log_p_n, log_q_n)
+  value = -jnp.expm1(big) - jnp.exp(small)
+  return jnp.where(n > 1, jnp.clip(value, 0.0, 1.0), 0.0)
+
+
+def log_unmixed_from_logs(log_p: jax.Array, log_q: jax.Array, n: jax.Array) -> jax.Array:
+  """log(1 - mixed) from log p and log q = log(1 - p); see `log_unmixed_probability`."""
+  return jnp.logaddexp(_power(log_q, n), n * log_p)
+
+
+def _logs(log_p, n):
+  log_p, n = _broadcast(_validation.log_probabilities("log_p", log_p), n)
+  return log_p, log1mexp(log_p), n
 
 
 def fidelity(log_p: jax.Array, n: jax.Array) -> jax.Array:
@@ -71,15 +104,14 @@ def fidelity(log_p: jax.Array, n: jax.Array) -> jax.Array:
   Returns:
     kappa with the broadcast shape, in the floating dtype of `log_p`.
   """
-  log_p, n = _broadcast(_validation.log_probabilities("log_p", log_p), n)
-  kappa = -jnp.expm1(_power_of_failure(log_p, jnp.maximum(n - 1, 0)))
-  return jnp.where(n >= 1, kappa, 0.0)
+  _, log_q, n = _logs(log_p, n)
+  return fidelity_from_logs(log_q, n)
 
 
 def coverage(log_p: jax.Array, n: jax.Array) -> jax.Array:
   """pass@n = 1 - (1 - p)^n, the scale of the plain MaxRL estimator (DESIGN §1)."""
-  log_p, n = _broadcast(_validation.log_probabilities("log_p", log_p), n)
-  return -jnp.expm1(_power_of_failure(log_p, n))
+  _, log_q, n = _logs(log_p, n)
+  return coverage_from_logs(log_q, n)
 
 
 def mixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
@@ -90,14 +122,7 @@ def mixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
   Whichever of (1 - p)^n and p^n is the larger is taken out through expm1 so
   that the difference keeps its digits for p near 0 and near 1.
   """
-  log_p, n = _broadcast(_validation.log_probabilities("log_p", log_p), n)
-  log_q_n = _power_of_failure(log_p, n)
-  log_p_n = n * log_p
-  small_p = log_p < _LOG_HALF
-  # small p: (1 - (1-p)^n) - p^n ; large p: (1 - p^n) - (1-p)^n.
-  big, small = jnp.where(small_p, log_q_n, log_p_n), jnp.where(small_p, log_p_n, log_q_n)
-  value = -jnp.expm1(big) - jnp.exp(small)
-  return jnp.where(n > 1, jnp.clip(value, 0.0, 1.0), 0.0)
+  return mixed_from_logs(*_logs(log_p, n))
 
 
 def log_unmixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
@@ -106,8 +131,7 @@ def log_unmixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
   Ranks prompts by how mixed their groups are without saturating where
   mixed rounds to 1 (p = 0.5, n = 512 has 1 - mixed = 2^-511).
   """
-  log_p, n = _broadcast(_validation.log_probabilities("log_p", log_p), n)
-  return jnp.logaddexp(_power_of_failure(log_p, n), n * log_p)
+  return log_unmixed_from_logs(*_logs(log_p, n))
 
 
 def truncated_objective(log_p: jax.Array, n: int) -> jax.Array:
