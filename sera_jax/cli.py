@@ -2,6 +2,10 @@
 
   sera-jax train [--config FILE] [--config.KEY=VALUE ...] [--workdir DIR] [--resume]
                  [--multihost [--coordinator HOST:PORT --num_processes N --process_id I]]
+  sera-jax plot RUN_DIR [RUN_DIR ...] [--out FILE] [--window N]
+  sera-jax sweep [--config FILE] --grid KEY=V1,V2,... [--grid ...] [--workdir-root DIR]
+                 [--print-commands]
+  sera-jax figure budget|scale|ablations [--out DIR] [--seeds N] ...   (experiments/*.py)
 
 With no arguments `train` runs experiments/configs/default.py (SERA on the
 embedded digits) into runs/default-sera.
@@ -84,7 +88,48 @@ def train(argv: list[str]) -> None:
   print(f"outputs in {workdir}")
 
 
-COMMANDS = {"train": train}
+def plot(argv: list[str]) -> None:
+  """Overlays the alignment curves of run directories (sera_jax.plotting.plot_runs)."""
+  import argparse
+
+  from sera_jax import plotting
+  parser = argparse.ArgumentParser(prog="sera-jax plot", description=plot.__doc__)
+  parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+  parser.add_argument("--out", default="alignment_runs.png", help="PNG path; the CSV of the "
+                      "plotted series goes next to it with suffix .csv.")
+  parser.add_argument("--window", type=int, default=20, help="Moving-average window.")
+  args = parser.parse_args(argv)
+  try:
+    labels = plotting.plot_runs(args.run_dirs, args.out, window=args.window)
+  except FileNotFoundError as error:
+    raise SystemExit(f"error: {error}") from None
+  print(f"wrote {args.out} and its .csv ({', '.join(labels)})")
+
+
+def sweep(argv: list[str]) -> None:
+  """Runs or prints a grid of `train` runs (sera_jax.sweep)."""
+  from sera_jax import sweep as sweeping
+  sweeping.main(argv, train_command=train)
+
+
+FIGURES = {"budget": "alignment_vs_budget", "scale": "scale_equalization",
+           "ablations": "ablations"}
+
+
+def figure(argv: list[str]) -> None:
+  """Runs a figure script of experiments/ (sera_jax.figures): its arguments follow the name."""
+  import importlib.util
+  if not argv or argv[0] not in FIGURES:
+    raise SystemExit(f"error: sera-jax figure needs one of {', '.join(FIGURES)}; "
+                     f"`sera-jax figure NAME --help` lists its options.")
+  path = REPO_ROOT / "experiments" / f"{FIGURES[argv[0]]}.py"
+  spec = importlib.util.spec_from_file_location(FIGURES[argv[0]], path)
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  script.main(argv[1:])
+
+
+COMMANDS = {"train": train, "plot": plot, "sweep": sweep, "figure": figure}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,19 +1,31 @@
 """Figures drawn from metric rows (matplotlib, headless)."""
 
+import csv
+import json
+import os
+import pathlib
+
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-COSINES = (
-    ("cos/sera_expected", "SERA expected", "tab:blue", "-"),
-    ("cos/sera_realized", "SERA realized", "tab:blue", ":"),
-    ("cos/uniform_expected", "uniform expected", "tab:orange", "-"),
-    ("cos/uniform_realized", "uniform realized", "tab:orange", ":"),
+from sera_jax.train import METRICS_FILE, read_metrics  # noqa: E402
+
+# Per estimator measured on every alignment step: (metric, title, line style); each
+# estimator gets its own panel.
+COSINE_PANELS = (
+    ("SERA", (("cos/sera_expected", "expected", "-"), ("cos/sera_realized", "realized", ":"))),
+    ("uniform MaxRL", (("cos/uniform_expected", "expected", "-"),
+                       ("cos/uniform_realized", "realized", ":"))),
 )
-ROLLOUT_STATS = (("rollouts/max", "max n_q"), ("rollouts/std", "std n_q"),
-                 ("active_fraction", "active fraction"))
+COSINES = tuple(series for _, panel in COSINE_PANELS for series in panel)
+ROLLOUT_STATS = (("rollouts/max", "max n_q", "-"), ("rollouts/std", "std n_q", "--"),
+                 ("active_fraction", "active fraction", ":"))
+RUN_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
+              "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+CSV_FIELDS = ("run", "series", "step", "value", "smoothed")
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:
@@ -29,45 +41,133 @@ def _series(rows, name):
   return np.asarray(points, dtype=float).reshape(-1, 2).T
 
 
-def plot_alignment(runs: list[tuple[str, list[dict]]], path: str, *, window: int = 20) -> None:
-  """Cosine with the exact gradient over steps (top) and rollout statistics (bottom).
+def _run_series(label: str, rows: list[dict], window: int) -> dict[str, list[dict]]:
+  """One run's plotted points by metric name (only metrics the rows hold)."""
+  by_name = {}
+  for name, *_ in COSINES + ROLLOUT_STATS:
+    steps, values = _series(rows, name)
+    if len(steps):
+      smoothed = smooth(values, window) if name.startswith("cos/") else values
+      by_name[name] = [{"run": label, "series": name, "step": int(step), "value": float(value),
+                        "smoothed": float(average)}
+                       for step, value, average in zip(steps, values, smoothed, strict=True)]
+  return by_name
+
+
+def alignment_series(runs: list[tuple[str, list[dict]]], *, window: int = 20) -> list[dict]:
+  """The series `plot_alignment` draws, one dict per point (fields `CSV_FIELDS`).
+
+  Cosines carry their moving average in `smoothed`; rollout statistics are drawn
+  raw, so theirs equals `value`.
+  """
+  return [point for label, rows in runs
+          for points in _run_series(label, rows, window).values() for point in points]
+
+
+def plot_alignment(runs: list[tuple[str, list[dict]]], path: str, *, window: int = 20,
+                   csv_path: str | None = None) -> None:
+  """Cosines with the exact gradient over steps (top) and rollout statistics (bottom).
+
+  One top panel per estimator (SERA, uniform MaxRL), both measured on the
+  batches of every run; a colour per run, expected solid, realized dotted,
+  smoothed lines over the faint raw points.
 
   Args:
     runs: (label, metric rows) per run; rows as in metrics.jsonl.
     path: output PNG path.
-    window: moving-average window of the smoothed lines (raw points shown faintly).
+    window: moving-average window of the smoothed lines.
+    csv_path: also write the plotted series there (see `alignment_series`).
   """
-  fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True,
-                                    gridspec_kw={"height_ratios": [2, 1]})
+  fig = plt.figure(figsize=(11, 7.5))
+  grid = fig.add_gridspec(2, 2, height_ratios=[2, 1])
+  first = fig.add_subplot(grid[0, 0])
+  panels = [first, fig.add_subplot(grid[0, 1], sharex=first, sharey=first)]
+  bottom = fig.add_subplot(grid[1, :], sharex=first)
   fraction_axis = bottom.twinx()
   markers = ("o", "s", "^", "D", "v", "x")
+  several = len(runs) > 1
   for run_index, (label, rows) in enumerate(runs):
-    prefix = f"{label}: " if len(runs) > 1 else ""
-    alpha = 1.0 if run_index == 0 else 0.6
-    for name, title, color, style in COSINES:
-      steps, values = _series(rows, name)
-      if len(steps):
-        top.plot(steps, values, markers[run_index % len(markers)], color=color, alpha=0.15,
-                 markersize=2)
-        top.plot(steps, smooth(values, window), style, color=color, label=prefix + title,
-                 alpha=alpha)
-    for (name, title), color in zip(ROLLOUT_STATS, ("tab:green", "tab:purple", "tab:gray"),
-                                    strict=True):
-      steps, values = _series(rows, name)
-      axis = fraction_axis if name == "active_fraction" else bottom
-      if len(steps):
-        axis.plot(steps, values, color=color, label=prefix + title, alpha=alpha)
-  top.set_ylabel("cosine with exact gradient")
-  top.set_title("Gradient alignment with the exact likelihood gradient")
-  top.grid(alpha=0.3)
-  top.legend(fontsize=8, ncol=2)
+    prefix = f"{label}: " if several else ""
+    color = RUN_COLORS[run_index % len(RUN_COLORS)]
+    by_name = _run_series(label, rows, window)
+    for axis, (_, panel) in zip(panels, COSINE_PANELS, strict=True):
+      for name, title, style in panel:
+        if name in by_name:
+          steps = [p["step"] for p in by_name[name]]
+          axis.plot(steps, [p["value"] for p in by_name[name]], markers[run_index % len(markers)],
+                    color=color, alpha=0.12, markersize=2)
+          axis.plot(steps, [p["smoothed"] for p in by_name[name]], style, color=color,
+                    label=prefix + title)
+    for name, title, style in ROLLOUT_STATS:
+      if name in by_name:
+        axis = fraction_axis if name == "active_fraction" else bottom
+        axis.plot([p["step"] for p in by_name[name]], [p["value"] for p in by_name[name]], style,
+                  color=color, label=prefix + title)
+  for axis, (estimator, _) in zip(panels, COSINE_PANELS, strict=True):
+    axis.set_title(f"{estimator} gradient vs the exact gradient")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8, loc="lower left")
+  panels[0].set_ylabel("cosine")
   bottom.set_xlabel("step")
   bottom.set_ylabel("rollouts per prompt")
   fraction_axis.set_ylabel("active fraction")
   fraction_axis.set_ylim(0, 1.05)
   bottom.grid(alpha=0.3)
   handles = [h for axis in (bottom, fraction_axis) for h in axis.get_legend_handles_labels()[0]]
-  bottom.legend(handles=handles, fontsize=8, ncol=3, loc="upper right")
+  bottom.legend(handles=handles, fontsize=8, ncol=3, loc="upper center",
+                bbox_to_anchor=(0.5, -0.25))
+  fig.suptitle(f"Gradient alignment, smoothed over {window} steps")
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, bbox_inches="tight")  # keeps the legend below the axes
   plt.close(fig)
+  if csv_path:
+    with open(csv_path, "w", newline="") as f:
+      writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+      writer.writeheader()
+      writer.writerows(alignment_series(runs, window=window))
+
+
+def run_labels(configs: list[dict], names: list[str]) -> list[str]:
+  """Legend labels of runs: the method, then the config keys that tell equal methods apart.
+
+  Args:
+    configs: each run's config.json (may be empty).
+    names: each run's directory name, the last resort when configs are equal.
+  """
+  labels = [str(config.get("method", name)) for config, name in zip(configs, names, strict=True)]
+  for label in set(labels):
+    same = [i for i, other in enumerate(labels) if other == label]
+    if len(same) < 2:
+      continue
+    keys = sorted({key for i in same for key in configs[i]})
+    differing = [key for key in keys if key != "method" and
+                 len({json.dumps(configs[i].get(key), sort_keys=True) for i in same}) > 1]
+    for i in same:
+      details = [f"{key}={json.dumps(configs[i].get(key), sort_keys=True)}" for key in differing]
+      labels[i] = " ".join([label, *details] if details else [label, f"({names[i]})"])
+  return labels
+
+
+def plot_runs(run_dirs: list[str], path: str, *, window: int = 20) -> list[str]:
+  """`plot_alignment` of several run directories into `path` and `path` with suffix .csv.
+
+  Returns:
+    The run labels (see `run_labels`).
+  """
+  configs, runs = [], []
+  for run_dir in run_dirs:
+    rows = read_metrics(run_dir)
+    if not rows:
+      raise FileNotFoundError(f"no metric rows in {run_dir}/{METRICS_FILE}")
+    config_path = os.path.join(run_dir, "config.json")
+    if os.path.exists(config_path):
+      with open(config_path) as f:
+        configs.append(json.load(f))
+    else:
+      configs.append({})
+    runs.append(rows)
+  names = [os.path.basename(os.path.normpath(run_dir)) for run_dir in run_dirs]
+  labels = run_labels(configs, names)
+  plot_alignment(list(zip(labels, runs, strict=True)), path, window=window,
+                 csv_path=str(pathlib.Path(path).with_suffix(".csv")))
+  return labels

@@ -1,0 +1,68 @@
+"""`sera-jax sweep`: grid expansion, printed commands, running a grid, skipping finished runs."""
+
+import os
+import shlex
+import shutil
+
+import pytest
+
+from sera_jax import cli, sweep, train
+
+TINY = ["--grid", "num_steps=2", "--grid", "batch_size=16", "--grid", "eval_every=0",
+        "--grid", "checkpoint_every=100"]
+
+
+def test_axes_expand_to_the_cartesian_product_in_order(tmp_path):
+  axes = [sweep.parse_axis("method=sera,uniform"), sweep.parse_axis("config.seed=0, 1,2")]
+  assert axes == [("method", ["sera", "uniform"]), ("seed", ["0", "1", "2"])]
+  runs = sweep.expand(axes, str(tmp_path))
+  assert [run.overrides for run in runs] == [
+      (("method", m), ("seed", s)) for m in ("sera", "uniform") for s in ("0", "1", "2")]
+  assert runs[4].workdir == os.path.join(str(tmp_path), "method=uniform,seed=1")
+  assert sweep.workdir_name([("dataset_kwargs.data_dir", "/data/x")]) == \
+      "dataset_kwargs.data_dir=_data_x"
+
+
+@pytest.mark.parametrize("specs,message", [
+    (["method"], "KEY=V1,V2"), (["method=sera,"], "no empty"), (["=1"], "no empty"),
+    (["seed=1,1"], "repeats"), (["seed=1", "seed=2"], "seed more than once"),
+])
+def test_bad_grids_are_rejected(tmp_path, specs, message):
+  with pytest.raises((ValueError, SystemExit), match=message):
+    sweep.expand([sweep.parse_axis(spec) for spec in specs], str(tmp_path))
+
+
+def test_print_commands_gives_one_train_command_per_run(tmp_path, capsys):
+  root = str(tmp_path / "sweeps")
+  cli.main(["sweep", "--grid", "method=sera,uniform", "--grid", "seed=0,1,2",
+            "--workdir-root", root, "--print-commands"])
+  lines = capsys.readouterr().out.splitlines()
+  assert len(lines) == 6
+  first = shlex.split(lines[0])
+  assert first == ["sera-jax", "train", f"--config={cli.DEFAULT_CONFIG}", "--config.method=sera",
+                   "--config.seed=0", f"--workdir={root}/method=sera,seed=0"]
+  assert shlex.split(lines[5])[3:5] == ["--config.method=uniform", "--config.seed=2"]
+  assert not os.path.exists(root)
+
+
+def test_an_unknown_key_fails_before_any_run(tmp_path):
+  with pytest.raises(SystemExit, match="batchsize"):
+    cli.main(["sweep", "--grid", "batchsize=8", "--workdir-root", str(tmp_path)])
+  assert not os.listdir(tmp_path)
+
+
+def test_sweep_runs_the_grid_and_skips_finished_runs(tmp_path, capsys):
+  root = str(tmp_path)
+  cli.main(["sweep", "--grid", "seed=0", *TINY, "--workdir-root", root])
+  grid = ["--grid", "seed=0,1", *TINY, "--workdir-root", root]
+  done, todo = sweep.expand([sweep.parse_axis(s) for s in ("seed=0,1", *TINY[1::2])], root)
+  assert [row["step"] for row in train.read_metrics(done.workdir)] == [0, 1]
+  assert sweep.is_finished(done.workdir, 2) and not sweep.is_finished(todo.workdir, 2)
+  capsys.readouterr()
+
+  trained = []
+  sweep.main(grid, trained.append)
+  assert f"skip {done.workdir}" in capsys.readouterr().out
+  assert trained == [todo.train_args(str(cli.DEFAULT_CONFIG))]
+  shutil.rmtree(os.path.join(done.workdir, "checkpoints", "2"))  # killed before the last save
+  assert not sweep.is_finished(done.workdir, 2)
