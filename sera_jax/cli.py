@@ -5,7 +5,7 @@
   sera-jax plot RUN_DIR [RUN_DIR ...] [--out FILE] [--window N]
   sera-jax sweep [--config FILE] --grid KEY=V1,V2,... [--grid ...] [--workdir-root DIR]
                  [--print-commands]
-  sera-jax figure budget|scale|ablations [--out DIR] [--seeds N] ...   (experiments/*.py)
+  sera-jax figure budget|scale|ablations|outcome [--out DIR] [--seeds N] ...   (experiments/*.py)
 
 With no arguments `train` runs experiments/configs/default.py (SERA on the
 embedded digits) into runs/default-sera.
@@ -113,7 +113,7 @@ def sweep(argv: list[str]) -> None:
 
 
 FIGURES = {"budget": "alignment_vs_budget", "scale": "scale_equalization",
-           "ablations": "ablations"}
+           "ablations": "ablations", "outcome": "training_outcome"}
 
 
 def figure(argv: list[str]) -> None:
