@@ -10,6 +10,7 @@ method's cotangent (the cost of a plain cross-entropy step plus allocation
 and sampling); their rows carry no cosines.
 """
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -48,10 +49,8 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None
   _validation.integer("config.align_every", config.align_every, minimum=1)
   allocation._check_bounds(config.baseline_n, config.n_min, config.n_max)
   _validation.in_unit_interval("config.threshold", config.threshold)
-  if config.batch_size % num_devices:
-    raise ValueError(
-        f"config.batch_size must be divisible by the device count; got batch_size="
-        f"{config.batch_size} with {num_devices} devices.")
+  for name in ("batch_size", "eval_batch_size"):
+    sharding.check_batch_divisible(f"config.{name}", config[name], num_devices)
 
 
 def _allocate(config, log_p, mode):
@@ -93,8 +92,18 @@ def _surrogate_loss(logits, rollouts, advantages, alloc, baseline_n):
   return estimators.policy_loss(log_probs, advantages, rollouts.mask, alloc.weights, baseline_n)
 
 
-def make_train_step(model, optimizer, config, *, align: bool):
-  """The jitted step: (state, images, labels, step) -> (state, metrics)."""
+def make_train_step(model, optimizer, config, *, align: bool, mesh=None):
+  """The jitted step: (state, images, labels, step) -> (state, metrics).
+
+  With a `mesh` (batch sharded on "data"), log p is gathered once and every device
+  solves the allocation on the whole batch: the budget is global, no collective runs
+  inside the allocator's loops, and the counts are those of a single-device run.
+  """
+
+  def allocate(log_p, mode):
+    solve = functools.partial(_allocate, config, mode=mode)
+    return solve(log_p) if mesh is None else sharding.on_every_device(solve, mesh)(log_p)
+
   method = config.method
   # Rollout statistics describe the trained allocation; "ce" reports SERA's.
   stats_mode = "sera" if method == "ce" else method
@@ -118,10 +127,10 @@ def make_train_step(model, optimizer, config, *, align: bool):
     log_p = oracle_log_p(logits, labels)
     exact = classification.exact_logit_grad(logits, labels)
 
-    allocations = {} if method == "ce" else {method: _allocate(config, log_p, method)}
+    allocations = {} if method == "ce" else {method: allocate(log_p, method)}
     if align:
       for mode in ("sera", "uniform"):
-        allocations.setdefault(mode, _allocate(config, log_p, mode))
+        allocations.setdefault(mode, allocate(log_p, mode))
     sampled = {mode: realized(keys[mode], logits, labels, alloc, mode)
                for mode, alloc in allocations.items()}
 
@@ -180,7 +189,8 @@ class ClassificationTask:
                               input_shape=self.dataset.image_shape,
                               **config.get("model_kwargs", {}))
     self.optimizer = make_optimizer(config)
-    self._steps = {align: make_train_step(self.model, self.optimizer, config, align=align)
+    self._steps = {align: make_train_step(self.model, self.optimizer, config, align=align,
+                                          mesh=self.mesh)
                    for align in (True, False)}
     self._eval_sums = jax.jit(self._eval_sums_fn)
 

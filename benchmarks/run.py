@@ -1,0 +1,144 @@
+"""The scale-out benchmark table (issue 6), every ratio measured side by side in this process.
+
+  python benchmarks/run.py [--models mlp resnet18 resnet50] [--batch 16] [--sizes 256 4096 65536]
+
+Rows:
+  align / ce, sera / ce   an alignment step (five cotangents through one VJP) and a SERA
+                          training step over a cross-entropy step, same model, batch and
+                          optimizer, timed interleaved (`alignment_step.measure`).
+  allocate speed-up       the NumPy float64 reference of verification/ over jitted
+                          `allocate(mode="sera")` (N0 = 16, n_min = 2, n_max = 64,
+                          p ~ Beta(0.3, 1.5)), in float32 and in x64; the counts of the
+                          x64 run must equal the reference's exactly.
+  peak memory             an ImageNet-shaped alignment step (M = 256, C = 1000, N0 = 128,
+                          n_max = 512) with an MLP on 8x8 inputs: XLA's compiled memory
+                          analysis (arguments + outputs + temporaries - donated aliases)
+                          and the growth of the process's peak RSS while it runs.
+
+Wall times depend on the machine and its load; ratios measured side by side much less.
+"""
+
+import argparse
+import functools
+import resource
+import sys
+import time
+
+import alignment_step  # benchmarks/ is the script's directory, so it is on sys.path
+import jax
+import numpy as np
+
+from sera_jax import allocation
+from sera_jax.classification_task import ClassificationTask, make_train_step
+from sera_jax.config import classification as base_config
+from verification import reference
+
+GIB = 2.0**30
+ALLOCATOR = {"baseline_n": 16, "n_min": 2, "n_max": 64}
+IMAGENET_SHAPED = {"batch_size": 256, "baseline_n": 128, "n_min": 2, "n_max": 512}
+
+
+def _best_seconds(fn, repeats: int) -> float:
+  best = np.inf
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn()
+    best = min(best, time.perf_counter() - start)
+  return best
+
+
+def allocator_rows(num_prompts: int, repeats: int) -> list[tuple[str, str, str, bool | None]]:
+  """Reference time over jitted allocate time, float32 and x64; x64 counts must match."""
+  rng = np.random.default_rng(num_prompts)
+  p = rng.beta(0.3, 1.5, num_prompts)
+  log_p = np.log(np.maximum(p, np.finfo(np.float64).tiny))
+  want = reference.allocate(log_p, mode="sera", **ALLOCATOR)
+  reference_s = _best_seconds(lambda: reference.allocate(log_p, mode="sera", **ALLOCATOR),
+                              repeats)
+  rows = []
+  for name, x64 in (("float32", False), ("x64", True)):
+    with jax.enable_x64(x64):
+      fn = jax.jit(functools.partial(allocation.allocate, mode="sera", **ALLOCATOR))
+      device_log_p = jax.device_put(log_p.astype(np.float64 if x64 else np.float32))
+      counts = np.asarray(fn(device_log_p).counts)  # compiles
+      seconds = _best_seconds(lambda: fn(device_log_p).counts.block_until_ready(), repeats)  # noqa: B023
+    same = bool(np.array_equal(counts, want.counts))
+    note = f"counts {'identical' if same else 'DIFFER'}; NumPy {reference_s * 1e3:.1f} ms"
+    target = ">= 5x" if num_prompts == 4096 else ">= 1x" if num_prompts == 65536 else ""
+    ok = (same if x64 else None) if not target else (
+        reference_s / seconds >= float(target[3:-1]) and (same or not x64))
+    rows.append((f"allocate speed-up M={num_prompts} {name}",
+                 f"{reference_s / seconds:.1f}x", target, ok, note))
+  return rows
+
+
+def peak_memory_row() -> tuple[str, str, str, bool, str]:
+  """Peak memory of the ImageNet-shaped alignment step (XLA analysis and RSS growth)."""
+  config = base_config()
+  config.update(dataset="synthetic", model="mlp", **IMAGENET_SHAPED)
+  config.dataset_kwargs = {"num_classes": 1000, "num_train": 2048, "num_eval": 256}
+  task = ClassificationTask(config)
+  step = make_train_step(task.model, task.optimizer, config, align=True)
+  state = task.init_state(jax.random.PRNGKey(0))
+  images, labels = task._batch(0)
+  analysis = step.lower(state, images, labels, 0).compile().memory_analysis()
+  xla_bytes = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
+               + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
+  rss_before = _peak_rss_bytes()
+  for i in range(3):
+    state, metrics = step(state, images, labels, i)
+  jax.block_until_ready(metrics)
+  rss_growth = _peak_rss_bytes() - rss_before
+  return ("peak memory ImageNet-shaped align step", f"{xla_bytes / GIB:.3f} GiB", "< 2 GiB",
+          xla_bytes < 2 * GIB, f"XLA compiled analysis; peak RSS grew {rss_growth / GIB:.3f} GiB")
+
+
+def _peak_rss_bytes() -> int:
+  kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return kib * (1 if sys.platform == "darwin" else 1024)
+
+
+def step_rows(model: str, batch: int, rounds: int, repeats: int):
+  best = alignment_step.measure(model, batch, rounds, repeats)
+  ce_ms = f"ce step {best['ce'] * 1e3:.1f} ms, batch {batch}"
+  sera_target = "<= 1.2x" if model.startswith("resnet") else ""
+  return [
+      (f"align / ce  {model}", f"{best['alignment'] / best['ce']:.2f}x", "<= 4x",
+       best["alignment"] / best["ce"] <= 4, ce_ms),
+      (f"sera / ce   {model}", f"{best['sera'] / best['ce']:.2f}x", sera_target,
+       best["sera"] / best["ce"] <= 1.2 if sera_target else None, ce_ms),
+  ]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--models", nargs="+", default=["mlp", "resnet18", "resnet50"])
+  parser.add_argument("--batch", type=int, default=16, help="prompts per step of the step ratios")
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--sizes", type=int, nargs="+", default=[256, 4096, 65536])
+  args = parser.parse_args()
+  start = time.perf_counter()
+  # Memory first: the peak RSS is a high-water mark, so later benchmarks would hide it.
+  rows = [peak_memory_row()]
+  for num_prompts in args.sizes:
+    rows += allocator_rows(num_prompts, repeats=max(args.repeats, 3))
+  for model in args.models:
+    rows += step_rows(model, args.batch, args.rounds, args.repeats)
+  print(f"backend {jax.default_backend()} ({jax.devices()[0].device_kind}), "
+        f"{jax.device_count()} device(s), jax {jax.__version__}, "
+        f"{time.perf_counter() - start:.0f} s")
+  width = max(len(row[0]) for row in rows)
+  print(f"{'benchmark':<{width}}  {'value':>10}  {'target':>8}  {'ok':>3}  notes")
+  for name, value, target, ok, note in sorted(rows, key=_row_order):
+    mark = "" if ok is None else "yes" if ok else "NO"
+    print(f"{name:<{width}}  {value:>10}  {target:>8}  {mark:>3}  {note}")
+
+
+def _row_order(row):
+  return (0 if row[0].startswith(("align", "sera")) else 1 if row[0].startswith("allocate")
+          else 2)
+
+
+if __name__ == "__main__":
+  main()
