@@ -230,8 +230,9 @@ def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
   first k are active. The ranking sorts log(1 - mixed) ascending, the same
   order without the float rounding of mixed to 1 that would tie prompts. k is
   found by binary search over [required, eligible] for the largest k whose
-  allocation leaves every active prompt mixed with probability >= threshold. Force-activated prompts rank first, count as
-  eligible and are exempt from the usefulness test.
+  allocation leaves every active prompt mixed with probability >= threshold.
+  Force-activated prompts rank first, count as eligible and are exempt from
+  the usefulness test.
   """
   log_p, log_q = prompts.log_p, prompts.log_q
   score = scaling.mixed_from_logs(log_p, log_q, n_max)

@@ -97,7 +97,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
   state = task.init_state(jax.random.PRNGKey(config.seed))
   start = manager.latest_step() or 0
   if resume and not start:
-    raise FileNotFoundError(f"--resume: no checkpoint in {workdir}/{CHECKPOINT_DIR} to resume from.")
+    raise FileNotFoundError(
+        f"--resume: no checkpoint in {workdir}/{CHECKPOINT_DIR} to resume from.")
   if start:
     state = manager.restore(start, args=ocp.args.StandardRestore(state))
   rows = _keep_rows_before(workdir, start) if is_writer else []

@@ -160,7 +160,8 @@ def test_vmap_equals_single_calls(mode):
   batched = jax.vmap(lambda lp: allocate(lp, baseline_n=8, n_min=2, n_max=32, mode=mode))(log_p)
   for i in range(8):
     single = allocate(log_p[i], baseline_n=8, n_min=2, n_max=32, mode=mode)
-    chex.assert_trees_all_close(jax.tree.map(lambda x: x[i], batched), single, rtol=1e-6)
+    row = jax.tree.map(lambda x, i=i: x[i], batched)
+    chex.assert_trees_all_close(row, single, rtol=1e-6)
 
 
 @pytest.mark.parametrize("kwargs,message", [

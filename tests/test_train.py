@@ -1,6 +1,5 @@
 """The training loop end to end: CLI, outputs, resume after SIGKILL, bad input, ImageNet config."""
 
-import json
 import os
 import signal
 import subprocess
