@@ -37,20 +37,23 @@ def oracle_log_p(logits: jax.Array, labels: jax.Array) -> jax.Array:
   logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)
   _validation.rank("logits", logits, 2)
-  _validation.rank("labels", labels, 1)
-  if not jnp.issubdtype(labels.dtype, jnp.integer):
-    raise TypeError(f"labels must be an integer array; got dtype {labels.dtype}.")
-  if labels.shape[0] != logits.shape[0]:
-    raise ValueError(
-        f"labels must have shape [M] = [{logits.shape[0]}] to match logits {logits.shape}; "
-        f"got {labels.shape}.")
-  _check_ids("labels", labels, logits.shape[1])
+  _check_ids("labels", labels, logits.shape[1], rows_of=("logits", logits))
   log_probs = jax.nn.log_softmax(logits, axis=-1)
   return jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
 
 
-def _check_ids(name: str, ids: jax.Array, size: int) -> None:
-  """Checks (when concrete) that integer ids lie in [0, size)."""
+def _check_ids(name: str, ids: jax.Array, size: int, rows_of=None) -> None:
+  """Checks ids are integers (rank 1, one per row of `rows_of` = (name, array), if given)
+  and, when concrete, that they lie in [0, size)."""
+  if not jnp.issubdtype(ids.dtype, jnp.integer):
+    raise TypeError(f"{name} must be an integer array; got dtype {ids.dtype}.")
+  if rows_of is not None:
+    other, array = rows_of
+    _validation.rank(name, ids, 1)
+  if rows_of is not None and ids.shape[0] != jnp.shape(array)[0]:
+    raise ValueError(
+        f"{name} must have shape [M] = [{jnp.shape(array)[0]}] to match {other} "
+        f"{tuple(jnp.shape(array))}; got {ids.shape}.")
   if _validation.is_concrete(ids):
     values = np.asarray(ids)
     bad = (values < 0) | (values >= size)
@@ -115,14 +118,7 @@ def historical_stage(state: HistoricalState, prompt_ids: jax.Array, rewards: jax
   mask = _validation.mask("mask", mask)
   _validation.rank("rewards", rewards, 2)
   _validation.same_shape(("rewards", "mask"), rewards, mask)
-  _validation.rank("prompt_ids", prompt_ids, 1)
-  if not jnp.issubdtype(prompt_ids.dtype, jnp.integer):
-    raise TypeError(f"prompt_ids must be an integer array; got dtype {prompt_ids.dtype}.")
-  if prompt_ids.shape[0] != rewards.shape[0]:
-    raise ValueError(
-        f"prompt_ids must have shape [M] = [{rewards.shape[0]}] to match rewards "
-        f"{rewards.shape}; got {prompt_ids.shape}.")
-  _check_ids("prompt_ids", prompt_ids, state.successes.shape[0])
+  _check_ids("prompt_ids", prompt_ids, state.successes.shape[0], rows_of=("rewards", rewards))
   dtype = state.successes.dtype
   valid = mask.astype(dtype)
   rewards = rewards.astype(dtype)
@@ -170,8 +166,6 @@ def historical_estimate(state: HistoricalState, prompt_ids: jax.Array, *, alpha0
   """
   _check_prior(alpha0, beta0)
   prompt_ids = jnp.asarray(prompt_ids)
-  if not jnp.issubdtype(prompt_ids.dtype, jnp.integer):
-    raise TypeError(f"prompt_ids must be an integer array; got dtype {prompt_ids.dtype}.")
   _check_ids("prompt_ids", prompt_ids, state.successes.shape[0])
   log_p = _log_beta_mean(state.successes[prompt_ids], state.failures[prompt_ids], alpha0, beta0)
   return log_p, state.seen[prompt_ids]
