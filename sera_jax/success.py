@@ -50,10 +50,10 @@ def _check_ids(name: str, ids: jax.Array, size: int, rows_of=None) -> None:
   if rows_of is not None:
     other, array = rows_of
     _validation.rank(name, ids, 1)
-  if rows_of is not None and ids.shape[0] != jnp.shape(array)[0]:
-    raise ValueError(
-        f"{name} must have shape [M] = [{jnp.shape(array)[0]}] to match {other} "
-        f"{tuple(jnp.shape(array))}; got {ids.shape}.")
+    if ids.shape[0] != jnp.shape(array)[0]:
+      raise ValueError(
+          f"{name} must have shape [M] = [{jnp.shape(array)[0]}] to match {other} "
+          f"{tuple(jnp.shape(array))}; got {ids.shape}.")
   if _validation.is_concrete(ids):
     values = np.asarray(ids)
     bad = (values < 0) | (values >= size)
