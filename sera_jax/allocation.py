@@ -20,7 +20,9 @@ import numpy as np
 from sera_jax import _validation, scaling
 
 MODES = ("uniform", "equalized", "sera")
-REGULA_FALSI_STEPS = 12  # narrows the waterline bracket before the exact float search.
+BISECTION_STEPS = 100  # DESIGN §1.1, reproduced exactly where the budget is k * n_max
+NEWTON_STEPS = 32  # at most this many Newton / bisection steps before the exact float search
+NEWTON_ULPS = 4  # Newton has converged once a step moves log tau by at most this many floats
 USEFUL_SLACK = 1e-12  # DESIGN §1.3: useful(k) compares mixed >= threshold - 1e-12.
 
 
@@ -111,13 +113,31 @@ def _first_smallest(keys: jax.Array, sorted_keys: jax.Array, count: jax.Array) -
 
   The same set as the first `count` entries of a stable argsort, from the
   sorted keys alone: everything below the count-th smallest key, then that
-  key's ties in index order.
+  key's ties in index order (a running count, needed only when the ties do
+  not all fit).
   """
   last = sorted_keys[jnp.clip(count - 1, 0, keys.shape[0] - 1)]
   below = keys < last
   tie = keys == last
   room = count - jnp.sum(below.astype(jnp.int32))
-  return (count > 0) & (below | (tie & (jnp.cumsum(tie.astype(jnp.int32)) <= room)))
+  ties_fit = jnp.sum(tie.astype(jnp.int32)) <= room
+  tie_taken = jax.lax.cond(ties_fit, lambda: tie,
+                           lambda: tie & (jnp.cumsum(tie.astype(jnp.int32)) <= room))
+  return (count > 0) & (below | tie_taken)
+
+
+def _all_among_first(keys: jax.Array, members: jax.Array, count: jax.Array) -> jax.Array:
+  """Whether every member is among the `count` smallest keys (ties to the smaller index).
+
+  The same answer as testing `_first_smallest(keys, sort(keys), count)` on
+  the members, without a sort: only the last member in (key, index) order
+  matters, and its position is the number of entries before it.
+  """
+  index = jnp.arange(keys.shape[0])
+  last_key = jnp.max(jnp.where(members, keys, jnp.iinfo(keys.dtype).min))
+  last_index = jnp.max(jnp.where(members & (keys == last_key), index, -1))
+  before = (keys < last_key) | ((keys == last_key) & (index < last_index))
+  return ~jnp.any(members) | (jnp.sum(before.astype(jnp.int32)) < count)
 
 
 def _waterline(lam, active, budget, n_min, n_max):
@@ -127,61 +147,90 @@ def _waterline(lam, active, budget, n_min, n_max):
   log(tau_hi); that many halvings leave lo and hi adjacent floats, so its
   result is the largest float m in the bracket whose clipped sum at exp(m)
   stays within the budget (the sum is monotone in m). This finds the same
-  float with far fewer passes over the prompts: regula falsi (Illinois) on
-  the piecewise-linear sum in tau narrows the bracket, then bisection over
-  the integers that order the floats makes lo and hi adjacent. Every bracket
-  end is classified by exactly the test of §1.1. Returns (continuous [M],
-  tau); inactive prompts get 0.
+  float with far fewer passes over the prompts. The sum is piecewise linear
+  in tau, so Newton's method from the unclipped solution lands on the root's
+  segment in a few steps and then on the root to rounding (bisection on
+  log tau takes over whenever a step would leave the bracket). A galloping
+  search over the integers that order the floats then walks from the last
+  point to the boundary, doubling its stride, and bisects the last stride.
+  Every point is classified by exactly the test of §1.1. At budget = k n_max
+  no point is ever over the budget, and §1.1's lo creeps towards hi by
+  halving; that scalar recurrence is replayed as written. Returns
+  (continuous [M], tau); inactive prompts get 0.
   """
   dtype = lam.dtype
   tiny = jnp.asarray(np.finfo(dtype).tiny, dtype)
   n_min_f, n_max_f = n_min.astype(dtype), n_max.astype(dtype)
-  budget_f = budget.astype(dtype)
+  inverse_lam = jnp.where(active, 1 / lam, 0.0)
+  num_active = jnp.sum(active.astype(jnp.int32))
   lam_min = jnp.min(jnp.where(active, lam, jnp.inf))
   lam_max = jnp.max(jnp.where(active, lam, 0.0))
-  tau_lo = jnp.where(n_min == 1, tiny, (n_min_f - 1) * lam_min)
-  tau_hi = (n_max_f - 1) * lam_max
+  log_tau_lo = jnp.log(jnp.where(n_min == 1, tiny, (n_min_f - 1) * lam_min))
+  log_tau_hi = jnp.log((n_max_f - 1) * lam_max)
+  # Budgets k n_min (the caller's degenerate case) and k n_max need no search.
+  searching = (budget > num_active * n_min) & (budget < num_active * n_max)
 
   def continuous_at(tau):
     return jnp.clip(1 + tau / lam, n_min_f, n_max_f)
 
-  def excess(m):
-    """(sum - budget as a float, whether the §1.1 test sets hi = m)."""
-    whole, fraction = _total_rollouts(continuous_at(jnp.exp(m)), active)
+  def evaluate(m):
+    """(sum - budget, whether §1.1's test sets hi = m, d sum / d tau) at tau = exp(m)."""
+    continuous = continuous_at(jnp.exp(m))
+    whole, fraction = _total_rollouts(continuous, active)
     remaining = (budget - whole).astype(dtype)
-    return fraction - remaining, fraction > remaining
+    sloped = (continuous > n_min_f) & (continuous < n_max_f)
+    return fraction - remaining, fraction > remaining, jnp.sum(jnp.where(sloped, inverse_lam, 0.0))
 
-  def regula_falsi(_, bracket):
-    lo, hi, f_lo, f_hi, side = bracket
-    tau_lo_, tau_hi_ = jnp.exp(lo), jnp.exp(hi)
-    tau = tau_lo_ - f_lo * (tau_hi_ - tau_lo_) / (f_hi - f_lo)
-    m = jnp.clip(jnp.log(tau), lo, hi)
-    value, over = excess(m)
-    inside = (m > lo) & (m < hi)
-    # Illinois: halve the stale end's value when the same end moves twice.
-    new_side = jnp.where(over, 1, -1)
-    f_lo = jnp.where(inside & over & (side == 1), 0.5 * f_lo, f_lo)
-    f_hi = jnp.where(inside & ~over & (side == -1), 0.5 * f_hi, f_hi)
-    lo, f_lo = jnp.where(inside & ~over, m, lo), jnp.where(inside & ~over, value, f_lo)
-    hi, f_hi = jnp.where(inside & over, m, hi), jnp.where(inside & over, value, f_hi)
-    return lo, hi, f_lo, f_hi, jnp.where(inside, new_side, side)
+  def newton(state):
+    lo, hi, m, _, steps = state
+    value, over, slope = evaluate(m)
+    lo, hi = jnp.where(over, lo, m), jnp.where(over, m, hi)
+    proposal = jnp.log(jnp.exp(m) - value / slope)
+    key, proposal_key = _ordered_int(m), _ordered_int(proposal)
+    converged = (proposal_key >= key - NEWTON_ULPS) & (proposal_key <= key + NEWTON_ULPS)
+    inside = (proposal > lo) & (proposal < hi)
+    proposal = jnp.where(converged, m, jnp.where(inside, proposal, 0.5 * lo + 0.5 * hi))
+    return lo, hi, proposal, converged, steps + 1
 
-  lo, hi = jnp.log(tau_lo), jnp.log(tau_hi)
-  f_lo = jnp.sum(jnp.where(active, n_min_f, 0.0)) - budget_f
-  f_hi = jnp.sum(jnp.where(active, n_max_f, 0.0)) - budget_f
-  lo, hi, _, _, _ = jax.lax.fori_loop(0, REGULA_FALSI_STEPS, regula_falsi,
-                                      (lo, hi, f_lo, f_hi, jnp.zeros((), jnp.int32)))
+  unclipped = jnp.log((budget - num_active).astype(dtype) / jnp.sum(inverse_lam))
+  inside = (unclipped > log_tau_lo) & (unclipped < log_tau_hi)
+  start = jnp.where(inside, unclipped, 0.5 * log_tau_lo + 0.5 * log_tau_hi)
+  lo, hi, last, _, _ = jax.lax.while_loop(
+      lambda state: searching & ~state[3] & (state[4] < NEWTON_STEPS), newton,
+      (log_tau_lo, log_tau_hi, start, jnp.zeros((), bool), jnp.zeros((), jnp.int32)))
+  upward = last == lo  # walk away from the side of the last point; from hi if none was
 
-  def halve(bracket):
-    lo, hi = bracket
-    mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # floor((lo + hi) / 2) without overflow
-    _, over = excess(_from_ordered_int(mid, dtype))
-    return jnp.where(over, lo, mid), jnp.where(over, mid, hi)
+  def gallop(bracket):
+    lo, hi, stride = bracket
+    half = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # floor((lo + hi) / 2) without overflow
+    ahead = jnp.where(upward, stride < half - lo, stride < hi - half)
+    mid = jnp.where(ahead, jnp.where(upward, lo + stride, hi - stride), half)
+    _, over, _ = evaluate(_from_ordered_int(mid, dtype))
+    grow = ahead & (stride <= jnp.iinfo(stride.dtype).max // 2)  # never overflows
+    return jnp.where(over, lo, mid), jnp.where(over, mid, hi), jnp.where(grow, 2 * stride, stride)
 
-  lo, _ = jax.lax.while_loop(lambda b: b[1] > b[0] + 1, halve,
-                             (_ordered_int(lo), _ordered_int(hi)))
-  tau = jnp.exp(_from_ordered_int(lo, dtype))
+  lo, hi = _ordered_int(lo), _ordered_int(hi)
+  lo, _, _ = jax.lax.while_loop(lambda bracket: searching & (bracket[1] > bracket[0] + 1),
+                                gallop, (lo, hi, jnp.ones_like(lo)))
+
+  def halve_towards_hi():
+    return jax.lax.fori_loop(0, BISECTION_STEPS, lambda _, m: 0.5 * (m + log_tau_hi), log_tau_lo)
+
+  saturated = budget == num_active * n_max
+  tau = jnp.exp(jax.lax.cond(saturated, halve_towards_hi, lambda: _from_ordered_int(lo, dtype)))
   return jnp.where(active, continuous_at(tau), 0.0), tau
+
+
+def _floors(active, continuous, n_min, n_max):
+  """The counts before rounding: clip(floor(n_q(tau)), n_min, n_max), 0 if inactive (§1.2)."""
+  return jnp.where(active, jnp.clip(jnp.floor(continuous).astype(jnp.int32), n_min, n_max), 0)
+
+
+def _marginal_keys(prompts, candidate, floors, target):
+  """§1.2's marginal squared error of one more rollout, as sortable ints (inf off candidates)."""
+  marginal_error = ((scaling.fidelity_from_logs(prompts.log_q, floors + 1) - target) ** 2
+                    - (scaling.fidelity_from_logs(prompts.log_q, floors) - target) ** 2)
+  return _ordered_int(jnp.where(candidate, marginal_error, jnp.inf))
 
 
 def _round_to_budget(prompts, active, continuous, target, budget, n_min, n_max):
@@ -191,14 +240,10 @@ def _round_to_budget(prompts, active, continuous, target, budget, n_min, n_max):
   candidates (n_q < n_max) whose squared distance to the waterline improves
   the most, ties to the smaller prompt index.
   """
-  counts = jnp.where(active, jnp.clip(jnp.floor(continuous).astype(jnp.int32), n_min, n_max), 0)
-  remainder = budget - jnp.sum(counts)
-  candidate = active & (counts < n_max)
-  marginal_error = ((scaling.fidelity_from_logs(prompts.log_q, counts + 1) - target) ** 2
-                    - (scaling.fidelity_from_logs(prompts.log_q, counts) - target) ** 2)
-  keys = _ordered_int(jnp.where(candidate, marginal_error, jnp.inf))
-  chosen = _first_smallest(keys, jax.lax.sort(keys), remainder)
-  return counts + chosen.astype(jnp.int32)
+  floors = _floors(active, continuous, n_min, n_max)
+  keys = _marginal_keys(prompts, active & (floors < n_max), floors, target)
+  chosen = _first_smallest(keys, jax.lax.sort(keys), budget - jnp.sum(floors))
+  return floors + chosen.astype(jnp.int32)
 
 
 def _continuous_solution(prompts, active, budget, n_min, n_max):
@@ -243,25 +288,28 @@ def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
   required = jnp.maximum((budget + n_max - 1) // n_max, jnp.sum(force_active.astype(jnp.int32)))
 
   def useful(k):
-    """§1.3's test on the rounded counts, which lie between floor(n_q(tau)) and one more.
+    """§1.3's test on the rounded counts, which are floor(n_q(tau)) or one more.
 
-    mixed is increasing in n, so the rounding only has to run when the
-    floors fail the test and the floors plus one pass it.
+    mixed is increasing in n, so the test fails outright when a prompt fails
+    at its floor plus one, and otherwise holds when every prompt that fails
+    at its floor is among the R that §1.2 rounds up.
     """
     active = _first_smallest(keys, sorted_keys, k)
     checked = active & ~force_active
     continuous, target = _continuous_solution(prompts, active, budget, n_min, n_max)
-    floors = jnp.where(active, jnp.clip(jnp.floor(continuous).astype(jnp.int32), n_min, n_max), 0)
+    floors = _floors(active, continuous, n_min, n_max)
 
-    def passes(counts):
-      mixed = scaling.mixed_from_logs(log_p, log_q, counts)
-      return jnp.all(~checked | (mixed >= threshold - USEFUL_SLACK))
+    def failing(counts):
+      return checked & (scaling.mixed_from_logs(log_p, log_q, counts) < threshold - USEFUL_SLACK)
 
-    floors_pass, ceilings_pass = passes(floors), passes(jnp.minimum(floors + 1, n_max))
-    return jax.lax.cond(
-        floors_pass | ~ceilings_pass, lambda: floors_pass,
-        lambda: passes(_round_to_budget(prompts, active, continuous, target, budget, n_min,
-                                        n_max)))
+    failing_floors = failing(floors)
+    ceilings_pass = ~jnp.any(failing(jnp.minimum(floors + 1, n_max)))
+
+    def rounded_up():
+      marginal_keys = _marginal_keys(prompts, active & (floors < n_max), floors, target)
+      return _all_among_first(marginal_keys, failing_floors, budget - jnp.sum(floors))
+
+    return ceilings_pass & jax.lax.cond(jnp.any(failing_floors), rounded_up, lambda: True)
 
   def search(state):
     lo, hi, best = state

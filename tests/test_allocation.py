@@ -139,6 +139,74 @@ def test_rho_normalization_divides_by_mean_active_coverage():
   np.testing.assert_allclose(uniform.weights, 1.0)
 
 
+def _bisect_100_steps(lam, active, budget, n_min, n_max):
+  """DESIGN §1.1 as written: 100 halvings of [log tau_lo, log tau_hi], tau = exp(lo)."""
+  dtype = lam.dtype
+  lam_min = jnp.min(jnp.where(active, lam, jnp.inf))
+  tau_lo = jnp.where(n_min == 1, np.finfo(dtype).tiny, (n_min - 1) * lam_min)
+  tau_hi = (n_max - 1) * jnp.max(jnp.where(active, lam, 0.0))
+
+  def halve(_, bracket):
+    lo, hi = bracket
+    mid = 0.5 * (lo + hi)
+    continuous = jnp.clip(1 + jnp.exp(mid) / lam, n_min, n_max).astype(dtype)
+    whole, fraction = allocation._total_rollouts(continuous, active)
+    over = fraction > (budget - whole).astype(dtype)
+    return jnp.where(over, lo, mid), jnp.where(over, mid, hi)
+
+  lo, _ = jax.lax.fori_loop(0, 100, halve, (jnp.log(tau_lo), jnp.log(tau_hi)))
+  return jnp.exp(lo)
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["float32", "x64"])
+def test_waterline_is_the_float_of_the_100_step_bisection(x64):
+  # Newton + galloping must land on exactly the float §1.1's bisection ends on,
+  # including n_min = 1, active subsets and the saturated budget k * n_max.
+  rng = np.random.default_rng(7)
+  checked = saturated = 0
+  with jax.enable_x64(x64):
+    dtype = jnp.float64 if x64 else jnp.float32
+    fast = jax.jit(lambda *args: allocation._waterline(*args)[1])
+    literal = jax.jit(_bisect_100_steps)
+    for trial in range(240):
+      size = int(rng.choice([3, 17, 256, 1000]))
+      p = [rng.beta(0.3, 1.5, size), rng.uniform(0, 1, size),
+           np.exp(rng.uniform(np.log(1e-12), np.log(0.1), size)),
+           np.round(rng.uniform(0, 1, size), 1)][trial % 4]
+      log_p = allocation.clamp_log_p(jnp.asarray(np.log(np.clip(p, 1e-30, 1 - 1e-9)), dtype))
+      n_min = int(rng.choice([1, 2]))
+      baseline_n = max(n_min, int(rng.choice([2, 4, 16])))
+      n_max = baseline_n * int(rng.choice([1, 2, 4]))
+      budget = size * baseline_n
+      num_active = int(rng.integers(-(-budget // n_max), size + 1))
+      if num_active * n_min == budget:
+        continue  # the degenerate budget has no waterline (§1.1)
+      active = np.zeros(size, bool)
+      active[rng.permutation(size)[:num_active]] = True
+      args = (allocation._prompts(log_p, jnp.asarray(n_min)).lam, jnp.asarray(active),
+              jnp.asarray(budget), jnp.asarray(n_min), jnp.asarray(n_max))
+      assert fast(*args) == literal(*args), (trial, size, n_min, baseline_n, n_max, num_active)
+      checked += 1
+      saturated += num_active * n_max == budget
+  assert checked > 200 and saturated > 20
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(-3, 3), min_size=1, max_size=12).flatmap(
+    lambda keys: st.tuples(st.just(keys), st.lists(st.booleans(), min_size=len(keys),
+                                                   max_size=len(keys)),
+                           st.integers(0, len(keys)))))
+def test_selection_is_a_stable_argsort_prefix(case):
+  keys, members, count = case
+  keys, members = jnp.asarray(keys, jnp.int32), np.asarray(members)
+  first = np.zeros(len(keys), bool)
+  first[np.argsort(np.asarray(keys), kind="stable")[:count]] = True
+  chosen = allocation._first_smallest(keys, jax.lax.sort(keys), jnp.asarray(count))
+  np.testing.assert_array_equal(chosen, first)
+  assert bool(allocation._all_among_first(keys, jnp.asarray(members), jnp.asarray(count))) == (
+      bool(np.all(first[members])))
+
+
 def test_traced_once_for_one_shape():
   traced = jax.jit(chex.assert_max_traces(
       lambda lp, n0, lo, hi, t: allocate(lp, baseline_n=n0, n_min=lo, n_max=hi, threshold=t),
