@@ -10,9 +10,14 @@ rounds), so the printed ratios do not depend on the machine's load:
                through one jax.vjp, plus both allocations (align_every = 1)
   sera         a SERA step without alignment (align_every > 1): allocation,
                sampling and one cotangent through the VJP
+  gradients    the alignment step's floor: the same five gradients (five cotangents
+               through one VJP), their Gram matrix and the update, with no
+               allocation, sampling or metrics
 
-The alignment floor with a backward pass costing two forwards is
-(1 + 5 * 2) / (1 + 2) = 3.7x.
+With a backward pass costing two forwards the gradients alone cost
+(1 + 5 * 2) / (1 + 2) = 3.7x a cross-entropy step; on a model as small as the
+default MLP, whose step is a tenth of a millisecond, fixed costs push that floor
+higher (the `gradients` column shows it).
 
   python benchmarks/alignment_step.py [--models mlp resnet18] [--batch 64] [--rounds 5]
 """
@@ -25,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sera_jax import classification
 from sera_jax.classification_task import ClassificationTask, TrainState, make_train_step
 from sera_jax.config import classification as base_config
 
@@ -43,6 +49,21 @@ def cross_entropy_step(model, optimizer):
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     return TrainState(optax.apply_updates(state.params, updates), batch_stats, opt_state,
                       state.rng), {"loss": loss}
+
+  return jax.jit(step, donate_argnums=0)
+
+
+def five_gradient_step(model, optimizer):
+  """The gradients of five cotangents through one VJP, their Gram matrix and an update."""
+  def step(state, images, labels, step):
+    forward = lambda p: model.apply(p, state.batch_stats, images, train=True)  # noqa: E731
+    logits, vjp_fn, batch_stats = jax.vjp(forward, state.params, has_aux=True)
+    exact = classification.exact_logit_grad(logits, labels)
+    (grads,) = jax.vmap(vjp_fn)(exact * jnp.arange(1.0, 6.0)[:, None, None])
+    ascent = jax.tree.map(lambda g: -g[0], grads)
+    updates, opt_state = optimizer.update(ascent, state.opt_state, state.params)
+    return TrainState(optax.apply_updates(state.params, updates), batch_stats, opt_state,
+                      state.rng), {"gram": classification.gram_matrix(grads)}
 
   return jax.jit(step, donate_argnums=0)
 
@@ -68,6 +89,7 @@ def measure(model_name: str, batch: int, rounds: int, repeats: int,
       "ce_vjp": make_train_step(task.model, task.optimizer, ce_config, align=False),
       "alignment": make_train_step(task.model, task.optimizer, config, align=True),
       "sera": make_train_step(task.model, task.optimizer, config, align=False),
+      "gradients": five_gradient_step(task.model, task.optimizer),
   }
   images, labels = task._batch(0)
   states = {name: task.init_state(jax.random.PRNGKey(0)) for name in steps}
@@ -92,12 +114,12 @@ def main():
   print(f"backend {jax.default_backend()}, {jax.device_count()} device(s), batch {args.batch}, "
         f"N0 = 8, n_max = 32")
   print(f"{'model':<10} {'ce ms':>9} {'align ms':>9} {'sera ms':>9} {'align/ce':>9} "
-        f"{'sera/ce':>8}")
+        f"{'sera/ce':>8} {'floor/ce':>9}")
   for model_name in args.models:
     best = measure(model_name, args.batch, args.rounds, args.repeats)
     print(f"{model_name:<10} {best['ce'] * 1e3:9.2f} {best['alignment'] * 1e3:9.2f} "
           f"{best['sera'] * 1e3:9.2f} {best['alignment'] / best['ce']:8.2f}x "
-          f"{best['sera'] / best['ce']:7.2f}x")
+          f"{best['sera'] / best['ce']:7.2f}x {best['gradients'] / best['ce']:8.2f}x")
 
 
 if __name__ == "__main__":
