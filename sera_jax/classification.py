@@ -25,7 +25,7 @@ import numpy as np
 from sera_jax import _validation, estimators, success
 from sera_jax.allocation import Allocation
 
-_LEADING_WORDS = 4  # 4 x 32 random bits of leading zeros: U resolved to 2^-128.
+_TAIL_WORDS = 3  # drawn after an all-zero first word: U resolved to 2^-128 in all.
 
 
 class Rollouts(NamedTuple):
@@ -41,36 +41,57 @@ class Rollouts(NamedTuple):
   mask: jax.Array
 
 
+def _leading_zeros(words: jax.Array) -> jax.Array:
+  """Leading zero bits of the bit string that concatenates `words` along the last axis."""
+  all_zero_before = jnp.cumprod(words == 0, axis=-1)
+  reached = jnp.concatenate(
+      [jnp.ones_like(all_zero_before[..., :1]), all_zero_before[..., :-1]], axis=-1)
+  return jnp.sum(jnp.where(reached, jax.lax.clz(words), 0), axis=-1).astype(jnp.int32)
+
+
 def log_uniform(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
   """log U for U ~ Uniform(0, 1), exact in law down to U = 2^-128.
 
   jax.random.uniform has a resolution of 2^-23, so P(U < 1e-9) would be 0;
-  here the binary exponent of U comes from the leading zeros of 128 random
-  bits (geometric, as for a uniform) and the mantissa from 23 more bits.
+  here U = 2^-Z v with Z the leading zeros of U's random binary expansion
+  (geometric, as for a uniform) and v uniform on [1/2, 1) from 24 more bits.
+  Z comes from one 32-bit word; only when some word is all zeros (probability
+  2^-32 each) are three more drawn, so a draw costs two words.
   """
-  words = jax.random.bits(key, (*shape, _LEADING_WORDS + 1), jnp.uint32)
-  leading, mantissa = words[..., :_LEADING_WORDS], words[..., _LEADING_WORDS]
-  all_zero_before = jnp.cumprod(leading == 0, axis=-1)
-  reached = jnp.concatenate(
-      [jnp.ones_like(all_zero_before[..., :1]), all_zero_before[..., :-1]], axis=-1)
-  zeros = jnp.sum(jnp.where(reached, jax.lax.clz(leading), 0), axis=-1).astype(dtype)
-  # U = 2^-zeros * v with v = 1/2 + m 2^-24 uniform on [1/2, 1), exact in the dtype,
-  # so log v < 0 keeps every digit near U = 1.
+  head_key, tail_key = jax.random.split(key)
+  leading, mantissa = jax.random.bits(head_key, (2, *shape), jnp.uint32)
+  return _log_uniform_from_bits(leading, mantissa, tail_key, dtype)
+
+
+def _log_uniform_from_bits(leading, mantissa, tail_key, dtype):
+  """`log_uniform` from U's first 32 bits and 32 mantissa bits; the tail is drawn if needed."""
+  exhausted = leading == 0
+
+  def tail_zeros():
+    words = jax.random.bits(tail_key, (*leading.shape, _TAIL_WORDS), jnp.uint32)
+    return _leading_zeros(words)
+
+  tail = jax.lax.cond(jnp.any(exhausted), tail_zeros,
+                      lambda: jnp.zeros(leading.shape, jnp.int32))
+  zeros = (jax.lax.clz(leading).astype(jnp.int32) + jnp.where(exhausted, tail, 0)).astype(dtype)
+  # v = 1/2 + m 2^-24 is exact in the dtype, so log v < 0 keeps every digit near U = 1.
   halves = 0.5 + (mantissa >> 9).astype(dtype) * (2.0**-24)
   return jnp.log(halves) - zeros * np.log(2.0).astype(dtype)
 
 
-def _sample_group(key, log_probs, label, count, num_slots):
-  """Samples `num_slots` rollouts of one prompt; the first `count` are real."""
+def _sample_group(log_probs, label, count, log_u, label_u):
+  """One prompt's rollouts from its uniforms: success iff log U < log p (§2).
+
+  A failure's label inverts the CDF of pi restricted to the wrong classes
+  (mass 1 - p) at `label_u`; the first `count` slots are real.
+  """
   chex.assert_rank(log_probs, 1)
-  reward_key, label_key = jax.random.split(key)
-  mask = jnp.arange(num_slots) < count
-  success_ = log_uniform(reward_key, (num_slots,), log_probs.dtype) < log_probs[label]
-  # Failures: inverse CDF of pi restricted to the wrong classes (mass 1 - p).
+  mask = jnp.arange(log_u.shape[0]) < count
+  success_ = log_u < log_probs[label]
   wrong = jnp.exp(log_probs).at[label].set(0.0)
   cdf = jnp.cumsum(wrong)
-  draws = jax.random.uniform(label_key, (num_slots,), log_probs.dtype) * cdf[-1]
-  wrong_labels = jnp.minimum(jnp.searchsorted(cdf, draws, side="right"), wrong.shape[0] - 1)
+  wrong_labels = jnp.minimum(jnp.searchsorted(cdf, label_u * cdf[-1], side="right"),
+                             wrong.shape[0] - 1)
   actions = jnp.where(success_, label, wrong_labels).astype(jnp.int32)
   return Rollouts(actions, (success_ & mask).astype(log_probs.dtype), mask)
 
@@ -90,9 +111,11 @@ def sample_rollouts(key: jax.Array, logits: jax.Array, labels: jax.Array, counts
     `Rollouts` of shape [M, N].
   """
   log_probs = jax.nn.log_softmax(logits, axis=-1)
-  keys = jax.random.split(key, logits.shape[0])
-  sample = lambda k, lp, y, n: _sample_group(k, lp, y, n, max_rollouts)  # noqa: E731
-  return jax.vmap(sample)(keys, log_probs, labels, counts)
+  shape = (logits.shape[0], max_rollouts)
+  reward_key, label_key = jax.random.split(key)
+  log_u = log_uniform(reward_key, shape, log_probs.dtype)
+  label_u = jax.random.uniform(label_key, shape, log_probs.dtype)
+  return jax.vmap(_sample_group)(log_probs, labels, counts, log_u, label_u)
 
 
 def rollout_logit_grad(logits: jax.Array, rollouts: Rollouts, advantages: jax.Array,

@@ -117,6 +117,27 @@ def test_log_uniform_has_the_uniform_law_including_the_far_tail():
   assert log_u.max() < 0
 
 
+def test_leading_zeros_runs_across_words():
+  words = jnp.asarray([[1 << 31, 0, 0], [0, 1, 5], [0, 0, 1 << 4], [0, 0, 0]], jnp.uint32)
+  np.testing.assert_array_equal(classification._leading_zeros(words), [0, 63, 91, 96])
+
+
+def test_log_uniform_after_an_all_zero_first_word_continues_the_uniform_law():
+  # Probability 2^-32 per draw, so forced here: then U 2^32 is again Uniform(0, 1),
+  # its leading zeros coming from the three tail words.
+  draws = 400_000
+  leading = jnp.zeros(draws, jnp.uint32)
+  mantissa = jax.random.bits(jax.random.key(1), (draws,), jnp.uint32)
+  log_u = np.asarray(classification._log_uniform_from_bits(
+      leading, mantissa, jax.random.key(2), jnp.float32), np.float64)
+  rescaled = log_u + 32 * np.log(2.0)
+  assert rescaled.max() < 0
+  assert abs(rescaled.mean() + 1) < 4 / np.sqrt(draws)
+  for level in (0.5, 1e-3):
+    rate = np.mean(rescaled < np.log(level))
+    assert abs(rate - level) < 4 * np.sqrt(level * (1 - level) / draws), (level, rate)
+
+
 def test_no_rollout_by_class_tensor_is_built():
   """Nothing of shape [M, n_max, C] appears in the traced computation."""
   num_prompts, num_classes, width = 8, 11, 16
