@@ -31,7 +31,22 @@ def _norm(features: int, dtype, rngs: nnx.Rngs, *, zero_scale: bool = False) -> 
                        dtype=dtype, rngs=rngs)
 
 
-class BasicBlock(nnx.Module):
+class _ResidualBlock(nnx.Module):
+  """The shortcut shared by both blocks: identity, or a 1x1 projection when shapes change."""
+
+  def _init_shortcut(self, fan_in: int, fan_out: int, stride: int, dtype, rngs: nnx.Rngs):
+    self.has_projection = stride != 1 or fan_in != fan_out
+    if self.has_projection:
+      self.proj_conv = _conv(fan_in, fan_out, 1, stride, dtype, rngs)
+      self.proj_bn = _norm(fan_out, dtype, rngs)
+
+  def _add_shortcut(self, x: jax.Array, y: jax.Array, train: bool) -> jax.Array:
+    if self.has_projection:
+      x = self.proj_bn(self.proj_conv(x), use_running_average=not train)
+    return nnx.relu(x + y)
+
+
+class BasicBlock(_ResidualBlock):
   """Two 3x3 convolutions with an identity (or 1x1 projection) shortcut."""
 
   expansion = 1
@@ -43,20 +58,15 @@ class BasicBlock(nnx.Module):
     self.bn1 = _norm(width, dtype, rngs)
     self.conv2 = _conv(width, fan_out, 3, 1, dtype, rngs)
     self.bn2 = _norm(fan_out, dtype, rngs, zero_scale=zero_init_residual)
-    self.has_projection = stride != 1 or fan_in != fan_out
-    if self.has_projection:
-      self.proj_conv = _conv(fan_in, fan_out, 1, stride, dtype, rngs)
-      self.proj_bn = _norm(fan_out, dtype, rngs)
+    self._init_shortcut(fan_in, fan_out, stride, dtype, rngs)
 
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
     y = nnx.relu(self.bn1(self.conv1(x), use_running_average=not train))
     y = self.bn2(self.conv2(y), use_running_average=not train)
-    if self.has_projection:
-      x = self.proj_bn(self.proj_conv(x), use_running_average=not train)
-    return nnx.relu(x + y)
+    return self._add_shortcut(x, y, train)
 
 
-class Bottleneck(nnx.Module):
+class Bottleneck(_ResidualBlock):
   """1x1 reduce, 3x3 (carrying the stride, ResNet v1.5), 1x1 expand by 4."""
 
   expansion = 4
@@ -70,18 +80,13 @@ class Bottleneck(nnx.Module):
     self.bn2 = _norm(width, dtype, rngs)
     self.conv3 = _conv(width, fan_out, 1, 1, dtype, rngs)
     self.bn3 = _norm(fan_out, dtype, rngs, zero_scale=zero_init_residual)
-    self.has_projection = stride != 1 or fan_in != fan_out
-    if self.has_projection:
-      self.proj_conv = _conv(fan_in, fan_out, 1, stride, dtype, rngs)
-      self.proj_bn = _norm(fan_out, dtype, rngs)
+    self._init_shortcut(fan_in, fan_out, stride, dtype, rngs)
 
   def __call__(self, x: jax.Array, *, train: bool) -> jax.Array:
     y = nnx.relu(self.bn1(self.conv1(x), use_running_average=not train))
     y = nnx.relu(self.bn2(self.conv2(y), use_running_average=not train))
     y = self.bn3(self.conv3(y), use_running_average=not train)
-    if self.has_projection:
-      x = self.proj_bn(self.proj_conv(x), use_running_average=not train)
-    return nnx.relu(x + y)
+    return self._add_shortcut(x, y, train)
 
 
 class ResNet(nnx.Module):
