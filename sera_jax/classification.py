@@ -26,6 +26,10 @@ from sera_jax import _validation, estimators, success
 from sera_jax.allocation import Allocation
 
 _TAIL_WORDS = 3  # drawn after an all-zero first word: U resolved to 2^-128 in all.
+# `gram_matrix` reduces pairs of gradients for at most this many gradients (the training
+# step's five or six) in leaves of at least this many parameters.
+_PAIRWISE_MAX_GRADS = 6
+_PAIRWISE_MIN_SIZE = 2**16
 
 
 class Rollouts(NamedTuple):
@@ -199,10 +203,29 @@ def expected_logit_grad(logits: jax.Array, labels: jax.Array, allocation: Alloca
 
 
 def gram_matrix(stacked_grads) -> jax.Array:
-  """[k, k] inner products of k gradients stacked on the leading axis of each leaf."""
-  leaves = jax.tree.leaves(stacked_grads)
-  flat = [leaf.reshape(leaf.shape[0], -1).astype(jnp.float32) for leaf in leaves]
-  return sum(f @ f.T for f in flat)
+  """[k, k] inner products of k gradients stacked on the leading axis of each leaf.
+
+  Small leaves, and every leaf when k is large, are flattened to [k, P] and
+  multiplied by their transpose. For the training step's handful of gradients,
+  a large leaf's entries are instead k (k + 1) / 2 multiply-reduce passes over
+  the leaf as the backward pass laid it out: flattening a kernel gradient that
+  `jax.vmap(vjp_fn)` produced transposed costs a copy of all k gradients, and a
+  [k, P] x [P, k] product with tiny k and P in the millions is slow on XLA's CPU
+  backend (`benchmarks/alignment_step.py` measures the step with this Gram).
+  """
+  leaves = [leaf.astype(jnp.float32) for leaf in jax.tree.leaves(stacked_grads)]
+  num_grads = leaves[0].shape[0]
+  in_pairs = lambda leaf: (num_grads <= _PAIRWISE_MAX_GRADS  # noqa: E731
+                           and leaf.size // num_grads >= _PAIRWISE_MIN_SIZE)
+  pairwise = [leaf for leaf in leaves if in_pairs(leaf)]
+  flat = [leaf.reshape(num_grads, -1) for leaf in leaves if not in_pairs(leaf)]
+  gram = sum(f @ f.T for f in flat)
+  if pairwise:
+    upper = {(i, j): sum(jnp.sum(leaf[i] * leaf[j]) for leaf in pairwise)
+             for i in range(num_grads) for j in range(i, num_grads)}
+    gram = gram + jnp.stack([jnp.stack([upper[min(i, j), max(i, j)] for j in range(num_grads)])
+                             for i in range(num_grads)])
+  return gram
 
 
 def cosines(gram: jax.Array) -> jax.Array:

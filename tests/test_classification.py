@@ -163,6 +163,28 @@ def test_no_rollout_by_class_tensor_is_built():
   assert not [s for s in seen if s[-3:] == forbidden or s == forbidden[1:]]  # ...one-hots not
 
 
+@pytest.mark.parametrize("num_grads", [2, 5, 6, 7, 20])
+def test_gram_matrix_is_the_float64_gram_of_the_flattened_gradients(num_grads):
+  """Both paths (pairwise reductions of large leaves for k <= 6, products otherwise) agree.
+
+  The large kernel comes out of a vmapped VJP, in the layout the training step sees.
+  """
+  keys = jax.random.split(jax.random.key(num_grads), 4)
+  inputs = jax.random.normal(keys[0], (32, 300))
+  params = {"kernel": jax.random.normal(keys[1], (300, 260)) / 20,  # 78,000 >= 2^16
+            "bias": jax.random.normal(keys[2], (260,))}
+  forward = lambda p: jnp.tanh(inputs @ p["kernel"] + p["bias"])  # noqa: E731
+  _, vjp_fn = jax.vjp(forward, params)
+  (grads,) = jax.vmap(vjp_fn)(jax.random.normal(keys[3], (num_grads, 32, 260)))
+  gram = jax.jit(classification.gram_matrix)(grads)
+  flat = np.concatenate([np.asarray(leaf, np.float64).reshape(num_grads, -1)
+                         for leaf in jax.tree.leaves(grads)], axis=1)
+  want = flat @ flat.T
+  scale = np.sqrt(np.outer(np.diag(want), np.diag(want)))  # errors relative to |g_i| |g_j|
+  np.testing.assert_allclose(gram / scale, want / scale, atol=1e-6)
+  np.testing.assert_array_equal(gram, np.asarray(gram).T)
+
+
 def test_bad_input():
   logits, labels, alloc = _problem()
   with pytest.raises(ValueError, match="logits must have rank 2"):
