@@ -15,8 +15,6 @@ writes its figure and CSV into its workdir, runs/maze_passk_tiny.
 """
 
 import argparse
-import csv
-import importlib.util
 import os
 import pathlib
 import time
@@ -24,7 +22,8 @@ import time
 import jax
 import numpy as np
 
-from sera_jax import train
+from sera_jax import config as config_lib
+from sera_jax import figures, train
 from sera_jax.maze_rl import PASS_AT_K, MazeTask
 from sera_jax.plotting import plt
 
@@ -33,10 +32,7 @@ WARM_START = "warm start"
 
 
 def load_config(tiny: bool):
-  spec = importlib.util.spec_from_file_location("maze_config", REPO / "experiments/configs/maze.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = config_lib.load(REPO / "experiments/configs/maze.py")
   if tiny:
     config.update(dict(num_train_mazes=32, batch_size=8, num_eval_mazes=16, warmup_steps=20,
                        num_steps=40, checkpoint_every=20))
@@ -55,14 +51,10 @@ def warm_start_pass_at_k(config, seed: int) -> list[float]:
 
 
 def write_csv(results: dict, seeds: list[int], path: pathlib.Path) -> None:
-  with open(path, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(["method", "k", "mean", "std", *[f"seed{s}" for s in seeds]])
-    for method, per_seed in results.items():
-      values = np.array([per_seed[s] for s in seeds])
-      for i, k in enumerate(PASS_AT_K):
-        writer.writerow([method, k, f"{values[:, i].mean():.4f}", f"{values[:, i].std():.4f}",
-                         *[f"{v:.4f}" for v in values[:, i]]])
+  rows = [row for method, per_seed in results.items()
+          for row in figures.per_seed_rows({"method": method}, [per_seed[s] for s in seeds],
+                                           seeds, PASS_AT_K, digits=4)]
+  figures.write_csv(path, rows)
 
 
 def plot(results: dict, seeds: list[int], config, path: pathlib.Path) -> None:

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from matplotlib.ticker import NullFormatter
 
-from sera_jax import figures, success
+from sera_jax import figures, scaling, success
 from sera_jax.plotting import plt
 
 NAME = "scale_equalization"
@@ -80,8 +80,8 @@ def plot(rows, snapshots, waterlines, config, path):
                     label=f"{mode} inactive (n = 0)")
         bottom.scatter(p[~on], np.zeros((~on).sum()), color=color, marker="x", s=20)
     grid = np.logspace(np.log10(p.min()), np.log10(p.max()), 200)
-    top.plot(grid, 1 - (1 - grid) ** (config.baseline_n - 1), color="tab:orange", lw=0.8,
-             alpha=0.6)
+    top.plot(grid, scaling.fidelity(np.log(grid), config.baseline_n), color="tab:orange",
+             lw=0.8, alpha=0.6)
     top.axhline(waterlines[snapshot], color="tab:blue", ls="--", lw=1,
                 label=f"SERA waterline {waterlines[snapshot]:.3f}")
     top.set(xscale="log", yscale="log", ylim=(floor / 1.5, 1.5),

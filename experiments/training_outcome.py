@@ -20,7 +20,6 @@ sweep` names them; a finished run is read back, not retrained).
 
 import argparse
 import copy
-import csv
 import os
 import pathlib
 import time
@@ -28,7 +27,7 @@ import time
 import numpy as np
 
 from sera_jax import config as config_lib
-from sera_jax import sweep, train
+from sera_jax import figures, sweep, train
 from sera_jax.classification_task import PASS_AT_K, ClassificationTask
 from sera_jax.plotting import plt
 
@@ -85,14 +84,10 @@ def train_all(datasets: dict[str, int], methods, seeds, workdir_root: str) -> di
 
 
 def write_csv(results: dict, seeds, path: str) -> None:
-  with open(path, "w", newline="") as f:
-    writer = csv.writer(f)
-    writer.writerow(["dataset", "method", "k", "mean", "std", *[f"seed{s}" for s in seeds]])
-    for (dataset, method), per_seed in results.items():
-      values = np.asarray(per_seed)
-      for i, k in enumerate(PASS_AT_K):
-        writer.writerow([dataset, method, k, f"{values[:, i].mean():.6f}",
-                         f"{values[:, i].std():.6f}", *[f"{v:.6f}" for v in values[:, i]]])
+  rows = [row for (dataset, method), per_seed in results.items()
+          for row in figures.per_seed_rows({"dataset": dataset, "method": method}, per_seed,
+                                           seeds, PASS_AT_K, digits=6)]
+  figures.write_csv(path, rows)
 
 
 def plot(results: dict, datasets: dict[str, int], seeds, path: str) -> None:

@@ -447,3 +447,38 @@ def allocate(
       mode=mode,
       normalize_by_rollout_count=bool(normalize_by_rollout_count),
       normalize_by_rho=bool(normalize_by_rho))
+
+
+def allocate_from_config(log_p: jax.Array, config, mode: str) -> Allocation:
+  """`allocate` with the keys of an experiment config; log p is not differentiated.
+
+  Reads config.baseline_n, n_min, n_max, threshold, normalize_by_rollout_count
+  and normalize_by_rho.
+  """
+  return allocate(
+      jax.lax.stop_gradient(log_p), baseline_n=config.baseline_n, n_min=config.n_min,
+      n_max=config.n_max, mode=mode, threshold=config.threshold,
+      normalize_by_rollout_count=config.normalize_by_rollout_count,
+      normalize_by_rho=config.normalize_by_rho)
+
+
+def max_count(mode: str, *, baseline_n: int, n_max: int) -> int:
+  """The most rollouts `mode` gives one prompt: the static width of its rollout arrays."""
+  return baseline_n if mode == "uniform" else n_max
+
+
+def rollout_metrics(alloc: Allocation, successes: jax.Array, log_p: jax.Array
+                    ) -> dict[str, jax.Array]:
+  """Per-step statistics of an allocation and of its groups' success counts [M]."""
+  active = alloc.active
+  num_active = jnp.maximum(jnp.sum(active), 1)
+  counts = alloc.counts.astype(jnp.float32)
+  mixed = (successes > 0) & (successes < alloc.counts)
+  return {
+      "rollouts/min": jnp.min(counts), "rollouts/max": jnp.max(counts),
+      "rollouts/std": jnp.std(counts), "active_fraction": jnp.mean(active),
+      "useful_group_fraction": jnp.sum(mixed & active) / num_active,
+      "all_zero_group_fraction": jnp.sum((successes == 0) & active) / num_active,
+      "p/mean": jnp.mean(jnp.exp(log_p)),
+      "kappa/target": alloc.target_fidelity,
+  }

@@ -53,37 +53,17 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None
     sharding.check_batch_divisible(f"config.{name}", config[name], num_devices)
 
 
-def _allocate(config, log_p, mode):
-  return allocation.allocate(
-      jax.lax.stop_gradient(log_p), baseline_n=config.baseline_n, n_min=config.n_min,
-      n_max=config.n_max, mode=mode, threshold=config.threshold,
-      normalize_by_rollout_count=config.normalize_by_rollout_count,
-      normalize_by_rho=config.normalize_by_rho)
-
-
 def _width(config, mode):
-  return config.baseline_n if mode == "uniform" else config.n_max
+  return allocation.max_count(mode, baseline_n=config.baseline_n, n_max=config.n_max)
 
 
 def _rollout_metrics(alloc, rollouts, log_p):
   """Statistics of the trained allocation and its sampled groups."""
-  active = alloc.active
-  num_active = jnp.maximum(jnp.sum(active), 1)
-  counts = alloc.counts.astype(jnp.float32)
-  successes = jnp.sum(rollouts.rewards, axis=1)
-  mixed = (successes > 0) & (successes < alloc.counts)
-  fidelity_active = jnp.where(active, alloc.fidelity, jnp.nan)
-  p = jnp.exp(log_p)
-  quantiles = jnp.quantile(p, jnp.array([0.1, 0.5, 0.9]))
-  return {
-      "rollouts/min": jnp.min(counts), "rollouts/max": jnp.max(counts),
-      "rollouts/std": jnp.std(counts), "active_fraction": jnp.mean(active),
-      "useful_group_fraction": jnp.sum(mixed & active) / num_active,
-      "all_zero_group_fraction": jnp.sum((successes == 0) & active) / num_active,
-      "p/mean": jnp.mean(p), "p/q10": quantiles[0], "p/q50": quantiles[1],
-      "p/q90": quantiles[2],
+  fidelity_active = jnp.where(alloc.active, alloc.fidelity, jnp.nan)
+  quantiles = jnp.quantile(jnp.exp(log_p), jnp.array([0.1, 0.5, 0.9]))
+  return allocation.rollout_metrics(alloc, jnp.sum(rollouts.rewards, axis=1), log_p) | {
+      "p/q10": quantiles[0], "p/q50": quantiles[1], "p/q90": quantiles[2],
       "kappa/spread": jnp.nanmax(fidelity_active) - jnp.nanmin(fidelity_active),
-      "kappa/target": alloc.target_fidelity,
   }
 
 
@@ -101,7 +81,7 @@ def make_train_step(model, optimizer, config, *, align: bool, mesh=None):
   """
 
   def allocate(log_p, mode):
-    solve = functools.partial(_allocate, config, mode=mode)
+    solve = functools.partial(allocation.allocate_from_config, config=config, mode=mode)
     return solve(log_p) if mesh is None else sharding.on_every_device(solve, mesh)(log_p)
 
   method = config.method

@@ -118,15 +118,11 @@ FIGURES = {"budget": "alignment_vs_budget", "scale": "scale_equalization",
 
 def figure(argv: list[str]) -> None:
   """Runs a figure script of experiments/ (sera_jax.figures): its arguments follow the name."""
-  import importlib.util
+  from sera_jax.config import load_module
   if not argv or argv[0] not in FIGURES:
     raise SystemExit(f"error: sera-jax figure needs one of {', '.join(FIGURES)}; "
                      f"`sera-jax figure NAME --help` lists its options.")
-  path = REPO_ROOT / "experiments" / f"{FIGURES[argv[0]]}.py"
-  spec = importlib.util.spec_from_file_location(FIGURES[argv[0]], path)
-  script = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(script)
-  script.main(argv[1:])
+  load_module(REPO_ROOT / "experiments" / f"{FIGURES[argv[0]]}.py").main(argv[1:])
 
 
 COMMANDS = {"train": train, "plot": plot, "sweep": sweep, "figure": figure}

@@ -56,11 +56,16 @@ def locked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   return config
 
 
-def load(path: str) -> ml_collections.ConfigDict:
-  """Calls get_config() of the config file at `path`."""
+def load_module(path: str | pathlib.Path):
+  """Imports the Python file at `path` (a config file or an experiment script)."""
   spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, path)
   if spec is None or spec.loader is None:
     raise FileNotFoundError(f"no config file at {path}")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return module
+
+
+def load(path: str | pathlib.Path) -> ml_collections.ConfigDict:
+  """Calls get_config() of the config file at `path`."""
+  return load_module(path).get_config()

@@ -179,8 +179,8 @@ def oracle_method(*, baseline_n: int, n_min: int, n_max: int, mode: str = "sera"
   oracle = lambda key, logits, labels, extras: success.oracle_log_p(logits, labels)  # noqa: E731
   allocate = _allocator(oracle, baseline_n=baseline_n, n_min=n_min, n_max=n_max, mode=mode,
                         **options)
-  width = baseline_n if mode == "uniform" else n_max
-  return Method(allocate, baseline_n, width, estimator)
+  return Method(allocate, baseline_n,
+                allocation.max_count(mode, baseline_n=baseline_n, n_max=n_max), estimator)
 
 
 def estimate_method(extra: str, *, baseline_n: int, n_min: int, n_max: int,
@@ -189,7 +189,8 @@ def estimate_method(extra: str, *, baseline_n: int, n_min: int, n_max: int,
   given = lambda key, logits, labels, extras: extras[extra]  # noqa: E731
   allocate = _allocator(given, baseline_n=baseline_n, n_min=n_min, n_max=n_max, mode=mode,
                         **options)
-  return Method(allocate, baseline_n, baseline_n if mode == "uniform" else n_max, estimator)
+  return Method(allocate, baseline_n,
+                allocation.max_count(mode, baseline_n=baseline_n, n_max=n_max), estimator)
 
 
 def pilot_method(num_pilot: int, *, baseline_n: int, n_min: int, n_max: int,
@@ -210,8 +211,8 @@ def pilot_method(num_pilot: int, *, baseline_n: int, n_min: int, n_max: int,
 
   allocate = _allocator(pilot_log_p, baseline_n=rest, n_min=n_min, n_max=n_max, mode=mode,
                         **options)
-  return Method(allocate, rest, rest if mode == "uniform" else n_max, estimator,
-                random_allocation=True)
+  return Method(allocate, rest, allocation.max_count(mode, baseline_n=rest, n_max=n_max),
+                estimator, random_allocation=True)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -398,6 +399,24 @@ def write_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
     writer = csv.DictWriter(f, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
+
+
+def per_seed_rows(columns: Mapping[str, Any], values, seeds: Sequence[int], ks: Sequence[int],
+                  *, digits: int) -> list[dict[str, Any]]:
+  """One row per k: `columns`, k, the mean and std over seeds and each seed's value.
+
+  Args:
+    columns: the leading columns shared by the rows (e.g. {"method": "sera"}).
+    values: [S, K] one value per seed and k.
+    seeds: the S seeds (column names seed<s>).
+    ks: the K values of k.
+    digits: decimals written.
+  """
+  values = np.asarray(values)
+  number = lambda v: f"{v:.{digits}f}"  # noqa: E731
+  return [{**columns, "k": k, "mean": number(column.mean()), "std": number(column.std()),
+           **{f"seed{s}": number(v) for s, v in zip(seeds, column, strict=True)}}
+          for k, column in zip(ks, values.T, strict=True)]
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

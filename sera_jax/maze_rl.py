@@ -22,6 +22,7 @@ Batches, epochs and RNG depend only on the step number, so the state
 (params, optimizer state, RNG, historical counts) is all a resume needs.
 """
 
+import functools
 import os
 from typing import Any, NamedTuple
 
@@ -31,7 +32,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from sera_jax import _validation, allocation, estimators, success
+from sera_jax import _validation, allocation, estimators, optim, success
 from sera_jax.envs import maze as maze_env
 from sera_jax.models.maze_transformer import MazePolicy
 
@@ -110,7 +111,7 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if (batch * config.baseline_n) % microbatches:
     raise ValueError(f"config.microbatches ({microbatches}) must divide the rollout budget "
                      f"batch_size * baseline_n = {batch * config.baseline_n}.")
-  _validation.choice("config.optimizer", config.optimizer, ("adam", "sgd"))
+  _validation.choice("config.optimizer", config.optimizer, optim.OPTIMIZERS)
   _validation.integer("config.eval_samples", config.eval_samples, minimum=max(PASS_AT_K))
   eval_batch = _validation.integer("config.eval_batch_size", config.eval_batch_size, minimum=1)
   if config.num_eval_mazes % eval_batch:
@@ -123,12 +124,8 @@ def _optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformatio
   schedule = optax.join_schedules(
       [optax.constant_schedule(config.warmup_learning_rate),
        optax.constant_schedule(config.learning_rate)], [config.warmup_steps])
-  if config.optimizer == "adam":
-    step = optax.adamw(schedule, weight_decay=config.weight_decay)
-  else:
-    step = optax.chain(optax.add_decayed_weights(config.weight_decay),
-                       optax.sgd(schedule, momentum=config.momentum or None))
-  return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm), step)
+  return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm),
+                     optim.make_optimizer(config, schedule))
 
 
 def _generate(key: jax.Array, count: int, size: int) -> jax.Array:
@@ -221,11 +218,7 @@ class MazeTask:
     config = self.config
     log_p, has_estimate = success.historical_estimate(historical, ids, alpha0=config.alpha0,
                                                       beta0=config.beta0)
-    allocate = lambda mode: allocation.allocate(  # noqa: E731
-        log_p, baseline_n=config.baseline_n, n_min=config.n_min, n_max=config.n_max,
-        mode=mode, threshold=config.threshold,
-        normalize_by_rollout_count=config.normalize_by_rollout_count,
-        normalize_by_rho=config.normalize_by_rho)
+    allocate = functools.partial(allocation.allocate_from_config, log_p, config)
     uniform = allocate("uniform")
     if config.method != "sera":
       return uniform, log_p, has_estimate
@@ -237,7 +230,8 @@ class MazeTask:
                                                                                    dict]:
     config = self.config
     num_prompts, budget = config.batch_size, config.batch_size * config.baseline_n
-    width = config.n_max if config.method == "sera" else config.baseline_n
+    width = allocation.max_count("sera" if config.method == "sera" else "uniform",
+                                 baseline_n=config.baseline_n, n_max=config.n_max)
     historical = jax.tree.map(
         lambda started, kept: jnp.where(new_epoch, started, kept),
         success.historical_start_epoch(state.historical, discount=config.discount),
@@ -279,22 +273,14 @@ class MazeTask:
     params, opt_state = self._apply(state, grads)
 
     group_successes = jnp.sum(group_rewards, axis=1)
-    active = alloc.active & (alloc.counts > 0)
-    num_active = jnp.maximum(jnp.sum(active), 1)
-    counts = alloc.counts.astype(jnp.float32)
-    metrics = {
+    # Active prompts have counts >= n_min >= 1.
+    success_rates = group_successes / jnp.maximum(alloc.counts, 1)
+    metrics = allocation.rollout_metrics(alloc, group_successes, log_p) | {
         "loss": loss,
         "reward/mean": jnp.mean(rewards),  # over rollouts: SERA weights hard mazes up
-        "reward/maze_mean": jnp.sum(jnp.where(active, group_successes / jnp.maximum(counts, 1),
-                                              0.0)) / num_active,
-        "rollouts/min": jnp.min(counts), "rollouts/max": jnp.max(counts),
-        "rollouts/std": jnp.std(counts), "active_fraction": jnp.mean(active),
-        "useful_group_fraction": jnp.sum(
-            active & (group_successes > 0) & (group_successes < alloc.counts)) / num_active,
-        "all_zero_group_fraction": jnp.sum(active & (group_successes == 0)) / num_active,
+        "reward/maze_mean": jnp.sum(jnp.where(alloc.active, success_rates, 0.0))
+                            / jnp.maximum(jnp.sum(alloc.active), 1),
         "estimated_fraction": jnp.mean(has_estimate),
-        "p/mean": jnp.mean(jnp.exp(log_p)),
-        "kappa/target": alloc.target_fidelity,
         "episode_length": jnp.mean(jnp.sum(in_episode, axis=1)),
     }
     state = MazeState(params, opt_state, state.rng, historical)

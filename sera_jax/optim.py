@@ -22,14 +22,16 @@ def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
        optax.constant_schedule(config.learning_rate)], [config.warmup_steps])
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(config: ml_collections.ConfigDict,
+                   schedule: optax.Schedule | None = None) -> optax.GradientTransformation:
   """SGD with momentum and decoupled L2 (the ImageNet protocol), or AdamW.
 
-  Reads config.optimizer, learning_rate, schedule, warmup_steps, num_steps,
-  momentum and weight_decay.
+  Reads config.optimizer, momentum and weight_decay, and unless a `schedule` is
+  given, learning_rate, schedule, warmup_steps and num_steps.
   """
   _validation.choice("config.optimizer", config.optimizer, OPTIMIZERS)
-  schedule = learning_rate_schedule(config)
+  if schedule is None:
+    schedule = learning_rate_schedule(config)
   if config.optimizer == "sgd":
     return optax.chain(
         optax.add_decayed_weights(config.weight_decay),

@@ -3,7 +3,6 @@
 import argparse
 import csv
 import functools
-import importlib.util
 import pathlib
 
 import jax
@@ -21,10 +20,7 @@ TINY = ["--num-steps", "10", "--batch-size", "256"]
 
 
 def _script(name):
-  spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "experiments" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return config_lib.load_module(REPO_ROOT / "experiments" / f"{name}.py")
 
 
 def _read_csv(path):

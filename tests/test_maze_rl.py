@@ -1,6 +1,5 @@
 """Tests of maze RL: pass@k, the rollout layout and the MazeTask protocol (issue 5)."""
 
-import importlib.util
 import math
 import pathlib
 
@@ -9,16 +8,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sera_jax import config as config_lib
 from sera_jax import maze_rl, train
 
 CONFIG_FILE = pathlib.Path(__file__).resolve().parent.parent / "experiments/configs/maze.py"
 
 
 def _config(**overrides):
-  spec = importlib.util.spec_from_file_location("maze_config", CONFIG_FILE)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
+  config = config_lib.load(CONFIG_FILE)
   # Tiny: epochs of 2 steps, so SERA allocates from the second RL epoch on.
   config.update(dict(num_train_mazes=8, batch_size=4, baseline_n=4, n_min=2, n_max=8,
                      num_eval_mazes=2, eval_batch_size=2, dim=16, num_layers=1, num_heads=2,
