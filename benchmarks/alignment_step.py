@@ -1,6 +1,6 @@
 """Cost of an alignment step and of a SERA training step over a cross-entropy step.
 
-Each configuration builds three jitted steps on the same model, batch and
+Each configuration builds five jitted steps (two candidates for ce) on the same model, batch and
 optimizer and times them interleaved in this one process (best of several
 rounds), so the printed ratios do not depend on the machine's load:
 
@@ -34,6 +34,7 @@ import optax
 from sera_jax import classification
 from sera_jax.classification_task import ClassificationTask, TrainState, make_train_step
 from sera_jax.config import classification as base_config
+from sera_jax.success import oracle_log_p
 
 MIN_ROUND_SECONDS = 0.05
 MODEL_KWARGS = {"mlp": {}, "small_cnn": {}, "resnet18": {"small_inputs": True},
@@ -44,8 +45,7 @@ def cross_entropy_step(model, optimizer):
   def step(state, images, labels, step):
     def loss_fn(params):
       logits, batch_stats = model.apply(params, state.batch_stats, images, train=True)
-      log_p = jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=1)
-      return -jnp.mean(log_p), batch_stats
+      return -jnp.mean(oracle_log_p(logits, labels)), batch_stats
 
     (loss, batch_stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)

@@ -168,12 +168,14 @@ def test_waterline_is_the_float_of_the_100_step_bisection(x64):
     dtype = jnp.float64 if x64 else jnp.float32
     fast = jax.jit(lambda *args: allocation._waterline(*args)[1])
     literal = jax.jit(_bisect_100_steps)
+    lam_of = jax.jit(
+        lambda log_p, n_min: allocation._prompts(allocation.clamp_log_p(log_p), n_min).lam)
     for trial in range(240):
       size = int(rng.choice([3, 17, 256, 1000]))
       p = [rng.beta(0.3, 1.5, size), rng.uniform(0, 1, size),
            np.exp(rng.uniform(np.log(1e-12), np.log(0.1), size)),
            np.round(rng.uniform(0, 1, size), 1)][trial % 4]
-      log_p = allocation.clamp_log_p(jnp.asarray(np.log(np.clip(p, 1e-30, 1 - 1e-9)), dtype))
+      log_p = np.log(np.clip(p, 1e-30, 1 - 1e-9)).astype(dtype)
       n_min = int(rng.choice([1, 2]))
       baseline_n = max(n_min, int(rng.choice([2, 4, 16])))
       n_max = baseline_n * int(rng.choice([1, 2, 4]))
@@ -183,12 +185,17 @@ def test_waterline_is_the_float_of_the_100_step_bisection(x64):
         continue  # the degenerate budget has no waterline (§1.1)
       active = np.zeros(size, bool)
       active[rng.permutation(size)[:num_active]] = True
-      args = (allocation._prompts(log_p, jnp.asarray(n_min)).lam, jnp.asarray(active),
+      args = (lam_of(log_p, jnp.asarray(n_min)), jnp.asarray(active),
               jnp.asarray(budget), jnp.asarray(n_min), jnp.asarray(n_max))
       assert fast(*args) == literal(*args), (trial, size, n_min, baseline_n, n_max, num_active)
       checked += 1
       saturated += num_active * n_max == budget
   assert checked > 200 and saturated > 20
+
+
+# Jitted once per length (at most 12): un-jitted, every example would trace a new lax.cond.
+_first_smallest = jax.jit(allocation._first_smallest)
+_all_among_first = jax.jit(allocation._all_among_first)
 
 
 @settings(max_examples=80, deadline=None)
@@ -201,9 +208,9 @@ def test_selection_is_a_stable_argsort_prefix(case):
   keys, members = jnp.asarray(keys, jnp.int32), np.asarray(members)
   first = np.zeros(len(keys), bool)
   first[np.argsort(np.asarray(keys), kind="stable")[:count]] = True
-  chosen = allocation._first_smallest(keys, jax.lax.sort(keys), jnp.asarray(count))
+  chosen = _first_smallest(keys, jax.lax.sort(keys), jnp.asarray(count))
   np.testing.assert_array_equal(chosen, first)
-  assert bool(allocation._all_among_first(keys, jnp.asarray(members), jnp.asarray(count))) == (
+  assert bool(_all_among_first(keys, jnp.asarray(members), jnp.asarray(count))) == (
       bool(np.all(first[members])))
 
 
