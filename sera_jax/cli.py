@@ -43,21 +43,6 @@ def _train_flags(argv: list[str]) -> flags.FlagValues:
   return values
 
 
-def _check_same_run(config, workdir: str) -> None:
-  """Refuses to resume a workdir that holds a run of a different config."""
-  saved = os.path.join(workdir, "config.json")
-  if not os.path.exists(saved):
-    return
-  with open(saved) as f:
-    before = json.load(f)
-  now = json.loads(config.to_json_best_effort())
-  changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-  if changed:
-    raise SystemExit(
-        f"error: {workdir} holds a run with a different config ({', '.join(changed)} differ); "
-        f"choose another --workdir or delete it.")
-
-
 def train(argv: list[str]) -> None:
   argv = ["sera-jax train", *argv]
   values = _train_flags(argv)
@@ -73,8 +58,8 @@ def train(argv: list[str]) -> None:
   config = values.config
   config_name = pathlib.Path(values["config"].config_filename).stem
   workdir = values.workdir or os.path.join("runs", f"{config_name}-{config.get('method', 'run')}")
-  _check_same_run(config, workdir)
   try:
+    training.check_same_run(config, workdir)
     rows = training.run(config, workdir, resume=values.resume)
   except (ValueError, FileNotFoundError, training.NonFiniteError) as error:
     raise SystemExit(f"error: {error}") from None

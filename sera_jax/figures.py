@@ -19,6 +19,7 @@
 
 import argparse
 import csv
+import functools
 import os
 import pathlib
 from collections.abc import Callable, Mapping, Sequence
@@ -34,7 +35,7 @@ from scipy import stats
 from sera_jax import allocation, classification, success, train
 from sera_jax.allocation import Allocation
 from sera_jax.classification_task import ClassificationTask, TrainState
-from sera_jax.cli import DEFAULT_CONFIG, _check_same_run  # one notion of "the same run"
+from sera_jax.cli import DEFAULT_CONFIG
 from sera_jax.config import load as load_config
 
 # (key, logits, labels, extras) -> Allocation; extras: per-batch inputs given to the evaluator.
@@ -63,7 +64,7 @@ def train_for_snapshots(config: ml_collections.ConfigDict, workdir: str) -> Clas
   steps_per_epoch = task.dataset.steps_per_epoch(config.batch_size)
   config.checkpoint_every = steps_per_epoch
   config.checkpoints_to_keep = config.num_steps // steps_per_epoch + 2
-  _check_same_run(config, workdir)
+  train.check_same_run(config, workdir)
   train.run(config, workdir, task=task)
   return task
 
@@ -138,7 +139,10 @@ def prepare_run(args: argparse.Namespace) -> tuple[ClassificationTask, str, dict
   workdir = args.workdir or os.path.join(
       "runs", f"figures-{pathlib.Path(args.config).stem}-{config.method}-{config.num_steps}steps"
       f"-m{config.batch_size}")
-  task = train_for_snapshots(config, workdir)
+  try:
+    task = train_for_snapshots(config, workdir)
+  except ValueError as error:  # e.g. the workdir holds a run of another config
+    raise SystemExit(f"error: {error}") from None
   steps = snapshot_steps(config.num_steps, task.dataset.steps_per_epoch(config.batch_size))
   return task, workdir, steps
 
@@ -351,18 +355,12 @@ def historical_log_p(task: ClassificationTask, workdir: str, steps: Sequence[int
                      f"(epochs of {steps_per_epoch} steps).")
   all_ids = jnp.arange(dataset.num_train)
   images, labels = jnp.asarray(dataset.train_images), jnp.asarray(dataset.train_labels)
-  bounds = dict(baseline_n=config.baseline_n, n_min=config.n_min, n_max=config.n_max)
-  methods = {mode: estimate_method("log_p", mode=mode, threshold=config.threshold, **bounds)
-             for mode in ("uniform", "sera")}
 
-  @jax.jit
-  def replay_epoch(history, state, key, use_estimate):
+  @functools.partial(jax.jit, static_argnames="mode")
+  def replay_epoch(history, state, key, mode):
     logits = forward_logits(task, state, images)
     estimate, _ = success.historical_estimate(history, all_ids)
-    counts = jax.lax.cond(
-        use_estimate,
-        lambda: methods["sera"].allocate(None, logits, labels, {"log_p": estimate}).counts,
-        lambda: methods["uniform"].allocate(None, logits, labels, {"log_p": estimate}).counts)
+    counts = allocation.allocate_from_config(estimate, config, mode).counts
     rollouts = classification.sample_rollouts(key, logits, labels, counts,
                                               max_rollouts=config.n_max)
     history = success.historical_stage(history, all_ids, rollouts.rewards, rollouts.mask)
@@ -373,7 +371,8 @@ def historical_log_p(task: ClassificationTask, workdir: str, steps: Sequence[int
   for epoch in range(max(steps) // steps_per_epoch):
     state = load_state(task, workdir, epoch * steps_per_epoch)
     key = jax.random.fold_in(jax.random.PRNGKey(seed), epoch)
-    history = replay_epoch(history, state, key, jnp.all(history.seen))
+    # Epoch 0 gives every prompt N0 rollouts, so from epoch 1 on all have an estimate.
+    history = replay_epoch(history, state, key, "sera" if epoch else "uniform")
     if (epoch + 1) * steps_per_epoch in steps:
       estimates[(epoch + 1) * steps_per_epoch] = success.historical_estimate(history, all_ids)[0]
   return estimates

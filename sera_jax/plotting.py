@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from sera_jax.train import METRICS_FILE, read_metrics  # noqa: E402
+from sera_jax.train import CONFIG_FILE, METRICS_FILE, read_metrics  # noqa: E402
 
 # Per estimator measured on every alignment step: (metric, title, line style); each
 # estimator gets its own panel.
@@ -159,7 +159,7 @@ def plot_runs(run_dirs: list[str], path: str, *, window: int = 20) -> list[str]:
     rows = read_metrics(run_dir)
     if not rows:
       raise FileNotFoundError(f"no metric rows in {run_dir}/{METRICS_FILE}")
-    config_path = os.path.join(run_dir, "config.json")
+    config_path = os.path.join(run_dir, CONFIG_FILE)
     if os.path.exists(config_path):
       with open(config_path) as f:
         configs.append(json.load(f))

@@ -121,7 +121,10 @@ def main(argv: list[str], train_command: Callable[[list[str]], None]) -> list[Ru
       print(shlex.join(["sera-jax", "train", *run.train_args(args.config)]))
     return runs
   for index, (run, config) in enumerate(zip(runs, configs, strict=True), start=1):
-    cli._check_same_run(config, run.workdir)
+    try:
+      train.check_same_run(config, run.workdir)
+    except ValueError as error:
+      raise SystemExit(f"error: {error}") from None
     if is_finished(run.workdir, config.num_steps):
       print(f"[{index}/{len(runs)}] skip {run.workdir}: finished ({config.num_steps} steps)")
       continue

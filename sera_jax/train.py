@@ -30,6 +30,7 @@ import tqdm
 from tensorboardX import SummaryWriter
 
 METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
 PROGRESS_KEYS = ("cos/sera_expected", "cos/uniform_expected", "loss", "accuracy", "pass@1")
 
@@ -77,6 +78,25 @@ def _to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
   return {name: float(value) for name, value in jax.device_get(dict(metrics)).items()}
 
 
+def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Refuses (ValueError) a workdir that holds a run of a different config.
+
+  The command-line entry points call it before `run`, which itself also resumes
+  a run whose config changed (e.g. to train it for more steps).
+  """
+  saved = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(saved):
+    return
+  with open(saved) as f:
+    before = json.load(f)
+  now = json.loads(config.to_json_best_effort())
+  changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+  if changed:
+    raise ValueError(
+        f"{workdir} holds a run with a different config ({', '.join(changed)} differ); "
+        f"choose another --workdir or delete it.")
+
+
 def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False,
         task: Task | None = None) -> list[dict]:
   """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the rows.
@@ -103,7 +123,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     state = manager.restore(start, args=ocp.args.StandardRestore(state))
   rows = _keep_rows_before(workdir, start) if is_writer else []
   if is_writer:
-    with open(os.path.join(workdir, "config.json"), "w") as f:
+    with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
   writer = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start) if is_writer \
       else None

@@ -30,7 +30,8 @@ def _read_csv(path):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-  """One tiny training run shared by the smoke runs (each script resumes it as finished)."""
+  """The workdir of one tiny training run: the first test to use it trains it, and the
+  others (each script's `prepare_run`) find it finished."""
   return str(tmp_path_factory.mktemp("figures") / "run")
 
 
