@@ -5,18 +5,23 @@
 #
 # Installs the CUDA build of the jax version already installed (so flax, optax and orbax keep
 # their pins) unless jax already sees a GPU. JAX_CUDA picks the wheel: cuda12 (default, any
-# driver >= 525) or cuda13. Needs the package index or a wheel cache (PIP_FIND_LINKS).
+# driver >= 525) or cuda13. Needs the package index or a wheel cache (PIP_FIND_LINKS) for what
+# is missing. Offline, put the missing dependencies on PYTHONPATH first: on an image that already
+# has a CUDA jax, flax, optax, chex and orbax that is ml_collections and tensorboardX (TensorFlow
+# is imported only to read ImageNet).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python -c 'import sera_jax, verification' 2>/dev/null || pip install -q -e .
-if ! python -c 'import jax, sys; sys.exit(jax.default_backend() != "gpu")' 2>/dev/null; then
-  version=$(python -c 'import importlib.metadata as m; print(m.version("jax"))')
-  pip install -q "jax[${JAX_CUDA:-cuda12}]==${version}"
+# The scripts import sera_jax and verification from this checkout, installed or not.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+python3 -c 'import sera_jax, verification' 2>/dev/null || python3 -m pip install -q -e .
+if ! python3 -c 'import jax, sys; sys.exit(jax.default_backend() != "gpu")' 2>/dev/null; then
+  version=$(python3 -c 'import importlib.metadata as m; print(m.version("jax"))')
+  python3 -m pip install -q "jax[${JAX_CUDA:-cuda12}]==${version}"
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
 # Step ratios at batch 32 (a small batch for a GPU), allocator at the three sizes, peak memory.
 # Preallocation off so the memory row's RSS note is not the 75% pool; XLA's analysis is exact.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
-timeout 290 python benchmarks/run.py --batch 32 --rounds 5 --repeats 10 "$@"
+timeout 290 python3 benchmarks/run.py --batch 32 --rounds 5 --repeats 10 "$@"
