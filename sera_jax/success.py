@@ -43,8 +43,10 @@ def oracle_log_p(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def _check_ids(name: str, ids: jax.Array, size: int, rows_of=None) -> None:
-  """Checks ids are integers (rank 1, one per row of `rows_of` = (name, array), if given)
-  and, when concrete, that they lie in [0, size)."""
+  """Checks integer ids and, when they are concrete, that they lie in [0, size).
+
+  With `rows_of` = (name, array), the ids must also be rank 1 with one per row of the array.
+  """
   if not jnp.issubdtype(ids.dtype, jnp.integer):
     raise TypeError(f"{name} must be an integer array; got dtype {ids.dtype}.")
   if rows_of is not None:
