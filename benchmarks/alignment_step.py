@@ -31,10 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sera_jax import classification
-from sera_jax.classification_task import ClassificationTask, TrainState, make_train_step
-from sera_jax.config import classification as base_config
-from sera_jax.success import oracle_log_p
+from sera_jax.harness.configs.base import classification as base_config
+from sera_jax.method.success import oracle_log_p
+from sera_jax.settings.classification import gradients
+from sera_jax.settings.classification.task import ClassificationTask, TrainState, make_train_step
 
 MIN_ROUND_SECONDS = 0.05
 MODEL_KWARGS = {"mlp": {}, "small_cnn": {}, "resnet18": {"small_inputs": True},
@@ -60,12 +60,12 @@ def five_gradient_step(model, optimizer):
   def step(state, images, labels, step):
     forward = lambda p: model.apply(p, state.batch_stats, images, train=True)  # noqa: E731
     logits, vjp_fn, batch_stats = jax.vjp(forward, state.params, has_aux=True)
-    exact = classification.exact_logit_grad(logits, labels)
+    exact = gradients.exact_logit_grad(logits, labels)
     (grads,) = jax.vmap(vjp_fn)(exact * jnp.arange(1.0, 6.0)[:, None, None])
     ascent = jax.tree.map(lambda g: -g[0], grads)
     updates, opt_state = optimizer.update(ascent, state.opt_state, state.params)
     return TrainState(optax.apply_updates(state.params, updates), batch_stats, opt_state,
-                      state.rng), {"gram": classification.gram_matrix(grads)}
+                      state.rng), {"gram": gradients.gram_matrix(grads)}
 
   return jax.jit(step, donate_argnums=0)
 

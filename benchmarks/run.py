@@ -1,4 +1,4 @@
-"""The scale-out benchmark table (issue 6), every ratio measured side by side in this process.
+"""The scale-out benchmark table, every ratio measured side by side in this process.
 
   python benchmarks/run.py [--models mlp resnet18 resnet50] [--batch 16] [--mlp-batch 64]
                           [--sizes 256 4096 65536]
@@ -31,15 +31,15 @@ import alignment_step  # benchmarks/ is the script's directory, so it is on sys.
 import jax
 import numpy as np
 
-from sera_jax import allocation
-from sera_jax.classification_task import ClassificationTask, make_train_step
-from sera_jax.config import classification as base_config
+from sera_jax.harness.configs.base import classification as base_config
+from sera_jax.method import allocation
+from sera_jax.settings.classification.task import ClassificationTask, make_train_step
 from verification import reference
 
 GIB = 2.0**30
 ALLOCATOR = {"baseline_n": 16, "n_min": 2, "n_max": 64}
 IMAGENET_SHAPED = {"batch_size": 256, "baseline_n": 128, "n_min": 2, "n_max": 512}
-SPEED_UP_TARGETS = {4096: 5, 65536: 1}  # M -> least jitted speed-up over NumPy (issue 6)
+SPEED_UP_TARGETS = {4096: 5, 65536: 1}  # M -> least jitted speed-up over NumPy
 
 
 def _best_seconds(fn, repeats: int) -> float:

@@ -1,15 +1,8 @@
 """sera_jax: Scale-Equalized Rollout Allocation for Maximum Likelihood RL."""
 
-from sera_jax.allocation import MODES, Allocation, allocate, clamp_log_p
-from sera_jax.classification import (
-    Rollouts,
-    estimate_logit_grad,
-    exact_logit_grad,
-    expected_logit_grad,
-    sample_rollouts,
-)
-from sera_jax.estimators import ESTIMATORS, advantages, expected_scale, policy_loss
-from sera_jax.scaling import (
+from sera_jax.method.allocation import MODES, Allocation, allocate, clamp_log_p
+from sera_jax.method.estimators import ESTIMATORS, advantages, expected_scale, policy_loss
+from sera_jax.method.scaling import (
     coverage,
     failure_rate,
     fidelity,
@@ -17,7 +10,7 @@ from sera_jax.scaling import (
     mixed_probability,
     truncated_objective,
 )
-from sera_jax.success import (
+from sera_jax.method.success import (
     HistoricalState,
     historical_estimate,
     historical_init,
@@ -26,6 +19,13 @@ from sera_jax.success import (
     oracle_log_p,
     pilot_budget_split,
     pilot_log_p,
+)
+from sera_jax.settings.classification.gradients import (
+    Rollouts,
+    estimate_logit_grad,
+    exact_logit_grad,
+    expected_logit_grad,
+    sample_rollouts,
 )
 
 __all__ = [

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sera_jax import allocation, scaling
-from sera_jax.allocation import allocate
+from sera_jax.method import allocation, scaling
+from sera_jax.method.allocation import allocate
 
 # Few distinct shapes so hypothesis examples reuse compiled code.
 SIZES = (1, 2, 5, 16, 33)
@@ -35,6 +35,7 @@ def _alloc(log_p, baseline_n, n_min, n_max, mode, **kw):
                   n_max=n_max, mode=mode, **kw)
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(problems(), st.sampled_from(allocation.MODES), st.booleans())
 def test_budget_bounds_and_weights(problem, mode, by_count):
@@ -62,6 +63,7 @@ def test_equalized_continuous_is_monotone_and_rounding_within_one(problem):
   np.testing.assert_allclose(np.asarray(a.continuous).sum(), len(log_p) * baseline_n, rtol=1e-4)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(problems(distinct=True), st.sampled_from(allocation.MODES), st.randoms())
 def test_permutation_equivariance_without_ties(problem, mode, random):
@@ -228,6 +230,7 @@ def test_traced_once_for_one_shape():
   assert allocation._allocate_jit._cache_size() == before + 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", allocation.MODES)
 def test_vmap_equals_single_calls(mode):
   rng = np.random.default_rng(1)

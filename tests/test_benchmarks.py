@@ -3,12 +3,15 @@
 import pathlib
 import sys
 
+import pytest
+
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "benchmarks"))
 
 import alignment_step  # noqa: E402
 import run as benchmark_table  # noqa: E402
 
 
+@pytest.mark.slow
 def test_step_ratios_measure_every_step():
   best = alignment_step.measure("mlp", batch=8, rounds=1, repeats=1)
   assert set(best) == {"ce", "alignment", "sera", "gradients"}
@@ -21,6 +24,7 @@ def test_allocator_rows_match_the_reference():
   assert x64[3] is True and "counts identical" in x64[4]
 
 
+@pytest.mark.slow
 def test_peak_memory_row_is_under_the_target():
   name, value, target, ok, note = benchmark_table.peak_memory_row()
   assert ok, (value, note)

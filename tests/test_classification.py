@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from sera_jax import allocate, classification, estimators
-from sera_jax.success import oracle_log_p
+from sera_jax import allocate
+from sera_jax.method import estimators
+from sera_jax.method.success import oracle_log_p
+from sera_jax.settings.classification import gradients
 
 M, C, N0 = 6, 5, 4
 
@@ -22,6 +24,7 @@ def _problem(seed=0):
   return logits, labels, alloc
 
 
+@pytest.mark.slow
 class GradientTest(parameterized.TestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -32,7 +35,7 @@ class GradientTest(parameterized.TestCase):
 
     @self.variant
     def both(key, logits):
-      rollouts = classification.sample_rollouts(key, logits, labels, alloc.counts,
+      rollouts = gradients.sample_rollouts(key, logits, labels, alloc.counts,
                                                 max_rollouts=width)
       adv = estimators.advantages(rollouts.rewards, rollouts.mask, estimator=estimator)
 
@@ -40,7 +43,7 @@ class GradientTest(parameterized.TestCase):
         log_probs = jnp.take_along_axis(jax.nn.log_softmax(lg), rollouts.actions, axis=1)
         return estimators.policy_loss(log_probs, adv, rollouts.mask, alloc.weights, N0)
 
-      ours = classification.rollout_logit_grad(logits, rollouts, adv, alloc.weights,
+      ours = gradients.rollout_logit_grad(logits, rollouts, adv, alloc.weights,
                                                baseline_n=N0)
       return ours, -jax.grad(loss)(logits)
 
@@ -51,11 +54,12 @@ class GradientTest(parameterized.TestCase):
   @chex.variants(with_jit=True, without_jit=True)
   def test_exact_grad_is_the_gradient_of_the_mean_log_likelihood(self):
     logits, labels, _ = _problem(1)
-    exact = self.variant(classification.exact_logit_grad)(logits, labels)
+    exact = self.variant(gradients.exact_logit_grad)(logits, labels)
     autodiff = jax.grad(lambda lg: jnp.mean(oracle_log_p(lg, labels)))(logits)
     np.testing.assert_allclose(exact, autodiff, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("estimator", ["maxrl", "grpo"])
 @pytest.mark.parametrize("mode", ["sera", "uniform"])
 def test_monte_carlo_mean_matches_expected_logit_grad(estimator, mode):
@@ -63,10 +67,10 @@ def test_monte_carlo_mean_matches_expected_logit_grad(estimator, mode):
   alloc = allocate(oracle_log_p(logits, labels), baseline_n=N0, n_min=2, n_max=4 * N0, mode=mode)
   draws = 10_000
   keys = jax.random.split(jax.random.key(7), draws)
-  sample = jax.jit(jax.vmap(lambda k: classification.estimate_logit_grad(
+  sample = jax.jit(jax.vmap(lambda k: gradients.estimate_logit_grad(
       k, logits, labels, alloc, baseline_n=N0, estimator=estimator, max_rollouts=4 * N0)))
   grads = np.asarray(sample(keys), np.float64)
-  expected = classification.expected_logit_grad(logits, labels, alloc, baseline_n=N0,
+  expected = gradients.expected_logit_grad(logits, labels, alloc, baseline_n=N0,
                                                 estimator=estimator)
   mean = grads.mean(0)
   stderr = grads.std(0) / np.sqrt(draws)
@@ -85,7 +89,7 @@ def test_success_is_exact_in_law_for_tiny_p():
 
   @jax.jit
   def hits(key):
-    rollouts = classification.sample_rollouts(key, logits, labels, counts, max_rollouts=n)
+    rollouts = gradients.sample_rollouts(key, logits, labels, counts, max_rollouts=n)
     return jnp.sum(jnp.any(rollouts.rewards > 0, axis=1))
 
   total = sum(int(hits(k)) for k in jax.random.split(jax.random.key(0), groups // chunk))
@@ -98,7 +102,7 @@ def test_failed_labels_follow_pi_on_the_wrong_classes():
   logits = jnp.asarray([[2.0, 1.0, 0.0, -1.0, 3.0]])
   labels = jnp.asarray([4])
   draws = 4096
-  rollouts = classification.sample_rollouts(jax.random.key(1), logits, labels,
+  rollouts = gradients.sample_rollouts(jax.random.key(1), logits, labels,
                                             jnp.asarray([draws]), max_rollouts=draws)
   failed = np.asarray(rollouts.actions[0])[np.asarray(rollouts.rewards[0]) == 0]
   assert 4 not in failed
@@ -109,7 +113,7 @@ def test_failed_labels_follow_pi_on_the_wrong_classes():
 
 
 def test_log_uniform_has_the_uniform_law_including_the_far_tail():
-  log_u = np.asarray(classification.log_uniform(jax.random.key(0), (4_000_000,)), np.float64)
+  log_u = np.asarray(gradients.log_uniform(jax.random.key(0), (4_000_000,)), np.float64)
   assert abs(log_u.mean() + 1) < 4 / np.sqrt(len(log_u))  # E[log U] = -1, Var = 1
   for level in (0.5, 1e-3, 1e-5):
     rate = np.mean(log_u < np.log(level))
@@ -119,7 +123,7 @@ def test_log_uniform_has_the_uniform_law_including_the_far_tail():
 
 def test_leading_zeros_runs_across_words():
   words = jnp.asarray([[1 << 31, 0, 0], [0, 1, 5], [0, 0, 1 << 4], [0, 0, 0]], jnp.uint32)
-  np.testing.assert_array_equal(classification._leading_zeros(words), [0, 63, 91, 96])
+  np.testing.assert_array_equal(gradients._leading_zeros(words), [0, 63, 91, 96])
 
 
 def test_log_uniform_after_an_all_zero_first_word_continues_the_uniform_law():
@@ -128,7 +132,7 @@ def test_log_uniform_after_an_all_zero_first_word_continues_the_uniform_law():
   draws = 400_000
   leading = jnp.zeros(draws, jnp.uint32)
   mantissa = jax.random.bits(jax.random.key(1), (draws,), jnp.uint32)
-  log_u = np.asarray(classification._log_uniform_from_bits(
+  log_u = np.asarray(gradients._log_uniform_from_bits(
       leading, mantissa, jax.random.key(2), jnp.float32), np.float64)
   rescaled = log_u + 32 * np.log(2.0)
   assert rescaled.max() < 0
@@ -144,7 +148,7 @@ def test_no_rollout_by_class_tensor_is_built():
   logits = jnp.zeros((num_prompts, num_classes))
   labels = jnp.zeros(num_prompts, jnp.int32)
   alloc = allocate(oracle_log_p(logits, labels), baseline_n=4, n_min=2, n_max=width)
-  jaxpr = jax.make_jaxpr(lambda k, lg: classification.estimate_logit_grad(
+  jaxpr = jax.make_jaxpr(lambda k, lg: gradients.estimate_logit_grad(
       k, lg, labels, alloc, baseline_n=4, max_rollouts=width))(jax.random.key(0), logits)
   forbidden = (num_prompts, width, num_classes)
 
@@ -163,6 +167,7 @@ def test_no_rollout_by_class_tensor_is_built():
   assert not [s for s in seen if s[-3:] == forbidden or s == forbidden[1:]]  # ...one-hots not
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_grads", [2, 5, 6, 7, 20])
 def test_gram_matrix_is_the_float64_gram_of_the_flattened_gradients(num_grads):
   """Both paths (pairwise reductions of large leaves for k <= 6, products otherwise) agree.
@@ -176,7 +181,7 @@ def test_gram_matrix_is_the_float64_gram_of_the_flattened_gradients(num_grads):
   forward = lambda p: jnp.tanh(inputs @ p["kernel"] + p["bias"])  # noqa: E731
   _, vjp_fn = jax.vjp(forward, params)
   (grads,) = jax.vmap(vjp_fn)(jax.random.normal(keys[3], (num_grads, 32, 260)))
-  gram = jax.jit(classification.gram_matrix)(grads)
+  gram = jax.jit(gradients.gram_matrix)(grads)
   flat = np.concatenate([np.asarray(leaf, np.float64).reshape(num_grads, -1)
                          for leaf in jax.tree.leaves(grads)], axis=1)
   want = flat @ flat.T
@@ -188,9 +193,9 @@ def test_gram_matrix_is_the_float64_gram_of_the_flattened_gradients(num_grads):
 def test_bad_input():
   logits, labels, alloc = _problem()
   with pytest.raises(ValueError, match="logits must have rank 2"):
-    classification.exact_logit_grad(logits[0], labels)
+    gradients.exact_logit_grad(logits[0], labels)
   with pytest.raises(ValueError, match="one entry per row"):
-    classification.expected_logit_grad(logits, labels[:2], alloc, baseline_n=N0)
+    gradients.expected_logit_grad(logits, labels[:2], alloc, baseline_n=N0)
   with pytest.raises(ValueError, match="estimator must be one of"):
-    classification.estimate_logit_grad(jax.random.key(0), logits, labels, alloc, baseline_n=N0,
+    gradients.estimate_logit_grad(jax.random.key(0), logits, labels, alloc, baseline_n=N0,
                                        estimator="ppo")

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from absl.testing import absltest, parameterized
 
-from sera_jax import data
-from sera_jax.data.tfds_images import _tensorflow
+from sera_jax.common import data
+from sera_jax.common.data.tfds_images import _tensorflow
 
 
 def _assert_batches_equal(a: data.Batch, b: data.Batch) -> None:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from sera_jax import scaling
-from sera_jax.estimators import ESTIMATORS, advantages, expected_scale, policy_loss
+from sera_jax.method import scaling
+from sera_jax.method.estimators import ESTIMATORS, advantages, expected_scale, policy_loss
 
 EPS = 1e-6
 
@@ -206,6 +206,7 @@ def _projected_group_gradients(key, p, n):
   return jnp.stack(gradients)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 8, 64])
 @pytest.mark.parametrize("p", [1e-3, 0.05, 0.5, 0.95])
 def test_expected_scale_matches_monte_carlo(p, n):

@@ -1,4 +1,4 @@
-"""Tests of the maze environment and the maze policy (issue 5)."""
+"""Tests of the maze environment and the maze policy."""
 
 import collections
 import itertools
@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sera_jax.envs import maze
-from sera_jax.models.maze_transformer import MazePolicy
+from sera_jax.settings.maze import env as maze
+from sera_jax.settings.maze.policy import MazePolicy
 
 
 def _mazes(size, count, seed=0):
@@ -32,7 +32,7 @@ def _reference_distances(grid, source):
 
 
 def _reference_success(grid, actions):
-  """Step-by-step simulator of the rule in the module docstring of sera_jax.envs.maze."""
+  """Step-by-step simulator of the rule in the module docstring of sera_jax.settings.maze.env."""
   size = grid.shape[0]
   r, c = 1, 1
   for action in actions:
@@ -73,6 +73,7 @@ def test_bad_size_is_rejected():
     maze.generate(jax.random.PRNGKey(0), 3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [9, 17])
 def test_shortest_paths_succeed_and_are_shortest(size):
   max_steps = maze.max_path_length(size) + 1
@@ -157,6 +158,7 @@ def policy_setup():
   return policy, params, mazes, jax.jit(policy.log_prob)
 
 
+@pytest.mark.slow
 def test_sampled_log_probs_equal_scoring(policy_setup):
   policy, params, mazes, log_prob = policy_setup
   actions, sampled = jax.jit(policy.sample, static_argnums=3)(params, mazes,
@@ -169,6 +171,7 @@ def test_sampled_log_probs_equal_scoring(policy_setup):
   assert bool(jnp.all(jnp.where(in_episode, True, actions == maze.DONE)))
 
 
+@pytest.mark.slow
 def test_log_probs_of_all_episodes_sum_to_one(policy_setup):
   policy, params, mazes, log_prob = policy_setup
   # All 5^T sequences, each distinct episode (the actions its mask keeps) counted once.

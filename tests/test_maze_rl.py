@@ -1,21 +1,18 @@
-"""Tests of maze RL: pass@k, the rollout layout and the MazeTask protocol (issue 5)."""
+"""Tests of maze RL: pass@k, the rollout layout and the MazeTask protocol."""
 
 import math
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sera_jax import config as config_lib
-from sera_jax import maze_rl, train
-
-CONFIG_FILE = pathlib.Path(__file__).resolve().parent.parent / "experiments/configs/maze.py"
+from sera_jax.harness import configs, train
+from sera_jax.settings.maze import task as maze_rl
 
 
 def _config(**overrides):
-  config = config_lib.load(CONFIG_FILE)
+  config = configs.load("maze")
   # Tiny: epochs of 2 steps, so SERA allocates from the second RL epoch on.
   config.update(dict(num_train_mazes=8, batch_size=4, baseline_n=4, n_min=2, n_max=8,
                      num_eval_mazes=2, eval_batch_size=2, dim=16, num_layers=1, num_heads=2,
@@ -52,6 +49,7 @@ def sera_task():
   return maze_rl.MazeTask(_config(method="sera", eval_every=9, checkpoint_every=3))
 
 
+@pytest.mark.slow
 def test_task_runs_with_static_shapes_and_resumes_exactly(sera_task):
   task = sera_task
   state = task.init_state(jax.random.PRNGKey(0))
@@ -78,6 +76,7 @@ def test_task_runs_with_static_shapes_and_resumes_exactly(sera_task):
   assert all(0 <= v <= 1 for v in scores.values())
 
 
+@pytest.mark.slow
 def test_microbatches_accumulate_the_same_gradient():
   params = []
   for microbatches in (1, 2):
@@ -90,6 +89,7 @@ def test_microbatches_accumulate_the_same_gradient():
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), *params)
 
 
+@pytest.mark.slow
 def test_train_loop_resumes_with_identical_metrics(sera_task, tmp_path):
   config = sera_task.config
   uninterrupted = train.run(config, str(tmp_path / "a"), task=sera_task)

@@ -11,7 +11,7 @@ import pytest
 from absl.testing import parameterized
 from flax import nnx
 
-from sera_jax import models
+from sera_jax.common import models
 
 # Small configurations that compile in a few seconds on two CPU cores.
 _TINY = {
@@ -45,6 +45,7 @@ def _num_params(model: models.FunctionalModel) -> int:
   return sum(math.prod(x.shape) for x in jax.tree.leaves(abstract[0]))
 
 
+@pytest.mark.slow
 class ShapeTest(parameterized.TestCase):
 
   @parameterized.named_parameters(*[(name, name) for name in _TINY])

@@ -7,8 +7,10 @@ import os
 import numpy as np
 import pytest
 
-from sera_jax import cli, plotting
-from sera_jax.classification_task import ALIGNED
+from sera_jax.common.plots import smooth
+from sera_jax.harness import cli, plotting
+from sera_jax.settings.classification import plots
+from sera_jax.settings.classification.task import ALIGNED
 
 
 def _write_run(run_dir, config, num_steps=30, seed=0):
@@ -39,8 +41,8 @@ def test_plot_two_runs_writes_png_and_csv(tmp_path, capsys):
   assert [int(p["step"]) for p in sera_expected] == list(range(30))
   values = np.array([float(p["value"]) for p in sera_expected])
   np.testing.assert_allclose([float(p["smoothed"]) for p in sera_expected],
-                             plotting.smooth(values, 5), rtol=1e-12)
-  assert len(points) == 2 * 30 * (len(plotting.COSINES) + len(plotting.ROLLOUT_STATS))
+                             smooth(values, 5), rtol=1e-12)
+  assert len(points) == 2 * 30 * (len(plots.COSINES) + len(plots.ROLLOUT_STATS))
 
 
 def test_labels_tell_runs_of_one_method_apart():

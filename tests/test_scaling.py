@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from absl.testing import parameterized
 
-from sera_jax import scaling
+from sera_jax.method import scaling
 
 mpmath.mp.dps = 50
 LOG_PS = [-1000.0, -700.0, -50.0, -10.0, -1.0, -0.5, -0.1, -1e-3, -1e-9, -1e-12]

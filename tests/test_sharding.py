@@ -10,6 +10,7 @@ after step 10's checkpoint and resumed with `--resume`. Fake devices and the ext
 need their own interpreters: this file is also the script they run (see `_main`).
 """
 
+import collections
 import functools
 import os
 import socket
@@ -22,8 +23,11 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from sera_jax import allocation, classification_task, cli, sharding, train
-from sera_jax.config import classification as base_config
+from sera_jax.common import sharding
+from sera_jax.harness import cli, train
+from sera_jax.harness.configs.base import classification as base_config
+from sera_jax.method import allocation
+from sera_jax.settings.classification import task as classification_task
 
 NUM_STEPS = 20
 RUN_FLAGS = ["--config.num_steps=20", "--config.eval_every=10", "--config.checkpoint_every=10"]
@@ -199,12 +203,14 @@ def _assert_same_parameters(workdir: str, reference: str) -> None:
   assert max(jax.tree.leaves(moved)) > 1e-3  # the runs trained
 
 
+@pytest.mark.slow
 def test_eight_devices_train_like_one(runs):
   workdirs, _, _ = runs
   _assert_same_run(workdirs["eight"], workdirs["one"])
   _assert_same_parameters(workdirs["eight"], workdirs["one"])
 
 
+@pytest.mark.slow
 def test_two_processes_train_stop_and_resume_like_one(runs):
   workdirs, first_leg, second_leg = runs
   workdir = workdirs["two_hosts"]
@@ -224,3 +230,22 @@ def test_two_processes_train_stop_and_resume_like_one(runs):
 
 if __name__ == "__main__":
   _main(sys.argv[1:])
+
+
+def test_the_mesh_helpers_on_this_process():
+  """In-process checks of the helpers the sharded runs above are built from."""
+  mesh = sharding.make_mesh()
+  assert mesh.axis_names == (sharding.DATA_AXIS,) and mesh.size == jax.device_count()
+  local = {"label": np.arange(8, dtype=np.int32)}
+  batch = sharding.global_batch(local, mesh)
+  np.testing.assert_array_equal(batch["label"], local["label"])
+  assert batch["label"].sharding == sharding.data_sharding(mesh)
+  log_p = jnp.log(jnp.linspace(0.01, 0.99, 8))
+  solve = lambda lp: allocation.allocate(lp, baseline_n=4, n_min=2, n_max=16).counts  # noqa: E731
+  np.testing.assert_array_equal(jax.jit(sharding.on_every_device(solve, mesh))(log_p),
+                                solve(log_p))
+  with pytest.raises(ValueError, match="divisible by the device count"):
+    sharding.check_batch_divisible("config.batch_size", 6, 4)
+  Device = collections.namedtuple("Device", "process_index id")
+  with pytest.raises(ValueError, match="same number of devices"):
+    sharding.make_mesh([Device(0, 0), Device(0, 1), Device(1, 2)])

@@ -7,7 +7,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from sera_jax.success import (
+from sera_jax.method.success import (
     HistoricalState,
     historical_estimate,
     historical_init,
@@ -211,7 +211,7 @@ def test_pilot_budget_split():
 
 
 def test_pilot_then_allocate_spends_the_budget_exactly():
-  from sera_jax.allocation import allocate
+  from sera_jax.method.allocation import allocate
 
   baseline_n, num_pilot = 8, 2
   pilot_successes = np.array([0, 1, 2, 2, 0, 1])

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from sera_jax import cli, sweep, train
+from sera_jax.harness import cli, sweep, train
 
 TINY = ["--grid", "num_steps=2", "--grid", "batch_size=16", "--grid", "eval_every=0",
         "--grid", "checkpoint_every=100"]
@@ -39,7 +39,7 @@ def test_print_commands_gives_one_train_command_per_run(tmp_path, capsys):
   lines = capsys.readouterr().out.splitlines()
   assert len(lines) == 6
   first = shlex.split(lines[0])
-  assert first == ["sera-jax", "train", f"--config={cli.DEFAULT_CONFIG}", "--config.method=sera",
+  assert first == ["sera-jax", "train", "--config=default", "--config.method=sera",
                    "--config.seed=0", f"--workdir={root}/method=sera,seed=0"]
   assert shlex.split(lines[5])[3:5] == ["--config.method=uniform", "--config.seed=2"]
   assert not os.path.exists(root)
@@ -51,6 +51,7 @@ def test_an_unknown_key_fails_before_any_run(tmp_path):
   assert not os.listdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_sweep_runs_the_grid_and_skips_finished_runs(tmp_path, capsys):
   root = str(tmp_path)
   cli.main(["sweep", "--grid", "seed=0", *TINY, "--workdir-root", root])
@@ -63,6 +64,6 @@ def test_sweep_runs_the_grid_and_skips_finished_runs(tmp_path, capsys):
   trained = []
   sweep.main(grid, trained.append)
   assert f"skip {done.workdir}" in capsys.readouterr().out
-  assert trained == [todo.train_args(str(cli.DEFAULT_CONFIG))]
+  assert trained == [todo.train_args("default")]
   shutil.rmtree(os.path.join(done.workdir, "checkpoints", "2"))  # killed before the last save
   assert not sweep.is_finished(done.workdir, 2)

@@ -11,21 +11,20 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from sera_jax import cli, train
-from sera_jax import config as config_lib
-from sera_jax.classification_task import validate_config
-from sera_jax.config import classification as base_config
+from sera_jax.harness import cli, configs, train
+from sera_jax.harness.configs.base import classification as base_config
+from sera_jax.settings.classification.task import validate_config
 
-CONFIGS = os.path.join(os.path.dirname(__file__), os.pardir, "experiments", "configs")
 TINY = ["--config.num_steps=6", "--config.eval_every=3", "--config.checkpoint_every=2",
         "--config.batch_size=16"]
 
 
 def _cli(*args, env=None):
-  return subprocess.run([sys.executable, "-m", "sera_jax.cli", *args], capture_output=True,
+  return subprocess.run([sys.executable, "-m", "sera_jax.harness.cli", *args], capture_output=True,
                         text=True, env=env, timeout=600)
 
 
+@pytest.mark.slow
 def test_train_writes_every_output(tmp_path):
   workdir = str(tmp_path / "run")
   cli.main(["train", f"--workdir={workdir}", *TINY])
@@ -44,6 +43,7 @@ def test_train_writes_every_output(tmp_path):
   assert sorted(os.listdir(f"{workdir}/checkpoints")) == ["4", "6"]
 
 
+@pytest.mark.slow
 def test_align_every_skips_the_alignment_metrics(tmp_path):
   workdir = str(tmp_path / "run")
   cli.main(["train", f"--workdir={workdir}", *TINY, "--config.align_every=3",
@@ -53,13 +53,14 @@ def test_align_every_skips_the_alignment_metrics(tmp_path):
   assert all(r["rollouts/max"] == r["rollouts/min"] == 8 for r in rows)
 
 
+@pytest.mark.slow
 def test_killed_and_resumed_run_writes_the_same_metrics(tmp_path):
   steps = ["--config.num_steps=12", "--config.checkpoint_every=3", "--config.eval_every=4",
            "--config.batch_size=16"]
   reference = str(tmp_path / "reference")
   assert _cli("train", f"--workdir={reference}", *steps).returncode == 0
   killed = str(tmp_path / "killed")
-  process = subprocess.Popen([sys.executable, "-m", "sera_jax.cli", "train",
+  process = subprocess.Popen([sys.executable, "-m", "sera_jax.harness.cli", "train",
                               f"--workdir={killed}", *steps],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 300
@@ -93,6 +94,7 @@ def test_batch_not_divisible_by_the_devices():
     validate_config(config, num_devices=8)
 
 
+@pytest.mark.slow
 def test_resume_without_checkpoint_and_changed_config(tmp_path):
   result = _cli("train", f"--workdir={tmp_path}/none", "--resume", *TINY)
   assert result.returncode != 0 and "no checkpoint" in result.stderr
@@ -112,15 +114,17 @@ def test_non_finite_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_p
   assert saved and saved[-1] == len(rows) < 8
 
 
+@pytest.mark.slow
 def test_imagenet_config_missing_data_dir(tmp_path):
-  result = _cli("train", f"--config={CONFIGS}/imagenet_resnet50.py", f"--workdir={tmp_path}/r",
+  result = _cli("train", "--config=imagenet_resnet50", f"--workdir={tmp_path}/r",
                 f"--config.dataset_kwargs.data_dir={tmp_path}/nothing")
   assert result.returncode != 0
   assert "downloads/manual" in result.stderr and "tfds build imagenet2012" in result.stderr
 
 
+@pytest.mark.slow
 def test_imagenet_config_one_step_under_mock_data(tmp_path):
-  config = config_lib.load(f"{CONFIGS}/imagenet_resnet50.py")
+  config = configs.load("imagenet_resnet50")
   # The protocol's shapes on a CPU: 224x224 crops through the real tfds pipeline and
   # ResNet-50, with a small batch and budget.
   config.update(batch_size=4, baseline_n=2, n_max=8, num_steps=1, eval_every=0,

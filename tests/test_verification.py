@@ -22,6 +22,7 @@ FLOAT32_SIZES = (1, 17, 1000, 4096)
 FLOAT32_SEEDS = range(144)  # 6 families x 4 sizes x 6.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_allocate_x64_equals_reference(mode):
   result = checks.allocation_x64(mode, X64_SEEDS)
@@ -37,6 +38,7 @@ def test_allocate_x64_weight_options_equal_reference(flags):
   assert result.passed, result.report()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_allocate_float32_meets_budget_and_stays_near_reference(mode):
   result = checks.allocation_float32(mode, FLOAT32_SEEDS, sizes=FLOAT32_SIZES)

@@ -16,9 +16,9 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from sera_jax import scaling
-from sera_jax.allocation import allocate
-from sera_jax.estimators import expected_scale
+from sera_jax.method import scaling
+from sera_jax.method.allocation import allocate
+from sera_jax.method.estimators import expected_scale
 from verification import reference
 
 # Prompt counts: a fixed list, because the jitted allocator compiles once per M.

@@ -31,7 +31,7 @@ _LOG_HALF = -math.log(2.0)
 # The smallest *normal* float64: XLA flushes subnormals to zero, so this (not
 # the smallest subnormal) is the lower end of the bisection when n_min = 1.
 _TINY = float(np.finfo(np.float64).tiny)
-# The documented probability clamp p in [tiny, 1 - ulp] (DESIGN §1, issue 2).
+# The documented probability clamp p in [tiny, 1 - ulp] (DESIGN §1).
 LOG_P_MIN = float(np.log(_TINY))
 LOG_P_MAX = float(np.log1p(-np.finfo(np.float64).epsneg))
 
@@ -74,7 +74,7 @@ def _check_log_p(log_p) -> np.ndarray:
 
 
 def clamp_log_p(log_p) -> np.ndarray:
-  """Clamps p to [tiny, 1 - ulp] in log space (the documented clamp, issue 2)."""
+  """Clamps p to [tiny, 1 - ulp] in log space (the documented clamp)."""
   return np.clip(_as_float(log_p), LOG_P_MIN, LOG_P_MAX)
 
 

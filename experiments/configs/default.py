@@ -1,12 +1,5 @@
-"""The main job: SERA on scikit-learn's embedded 8x8 digits, an MLP, 500 steps on a CPU.
+"""The shipped config `default` (`--config default`), here for `--config` by path."""
 
-sera-jax train                                  # this config
-sera-jax train --config.method=uniform          # the MaxRL baseline
-"""
+from sera_jax.harness.configs.default import get_config
 
-from sera_jax import config as base
-
-
-def get_config():
-  config = base.locked(base.classification())
-  return config
+__all__ = ["get_config"]

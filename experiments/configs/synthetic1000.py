@@ -1,20 +1,5 @@
-"""The ImageNet cold start on a CPU: 1000 generated classes, p ~ 1/C at step 0."""
+"""The shipped config `synthetic1000` (`--config synthetic1000`), here for `--config` by path."""
 
-import ml_collections
+from sera_jax.harness.configs.synthetic1000 import get_config
 
-from sera_jax import config as base
-
-
-def get_config():
-  config = base.locked(base.classification())
-  config.dataset = "synthetic"
-  config.dataset_kwargs = ml_collections.ConfigDict({"num_classes": 1000})
-  config.model = "mlp"
-  config.batch_size = 128
-  config.baseline_n = 16
-  config.n_max = 64
-  config.num_steps = 400
-  config.learning_rate = 0.2
-  config.eval_every = 200
-  config.checkpoint_every = 200
-  return config
+__all__ = ["get_config"]

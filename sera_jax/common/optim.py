@@ -1,0 +1,39 @@
+"""Optimizers and learning-rate schedules from a config (optax)."""
+
+import ml_collections
+import optax
+
+from sera_jax.method import validation
+
+OPTIMIZERS = ("sgd", "adam")
+SCHEDULES = ("constant", "cosine")
+
+
+def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """Linear warm-up over `warmup_steps`, then constant or cosine decay to 0."""
+  validation.choice("config.schedule", config.schedule, SCHEDULES)
+  if config.schedule == "cosine":
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=config.learning_rate,
+        warmup_steps=config.warmup_steps,
+        decay_steps=max(config.num_steps, config.warmup_steps + 1))
+  return optax.join_schedules(
+      [optax.linear_schedule(0.0, config.learning_rate, max(config.warmup_steps, 1)),
+       optax.constant_schedule(config.learning_rate)], [config.warmup_steps])
+
+
+def make_optimizer(config: ml_collections.ConfigDict,
+                   schedule: optax.Schedule | None = None) -> optax.GradientTransformation:
+  """SGD with momentum and decoupled L2 (the ImageNet protocol), or AdamW.
+
+  Reads config.optimizer, momentum and weight_decay, and unless a `schedule` is
+  given, learning_rate, schedule, warmup_steps and num_steps.
+  """
+  validation.choice("config.optimizer", config.optimizer, OPTIMIZERS)
+  if schedule is None:
+    schedule = learning_rate_schedule(config)
+  if config.optimizer == "sgd":
+    return optax.chain(
+        optax.add_decayed_weights(config.weight_decay),
+        optax.sgd(schedule, momentum=config.momentum or None, nesterov=False))
+  return optax.adamw(schedule, weight_decay=config.weight_decay)

@@ -1,0 +1,113 @@
+"""The `sera-jax` command.
+
+  sera-jax train [--config NAME|FILE] [--config.KEY=VALUE ...] [--workdir DIR] [--resume]
+                 [--multihost [--coordinator HOST:PORT --num_processes N --process_id I]]
+  sera-jax plot RUN_DIR [RUN_DIR ...] [--out FILE.png] [--window N]
+  sera-jax sweep [--config NAME|FILE] --grid KEY=V1,V2,... [--grid ...] [--workdir-root DIR]
+                 [--print-commands]
+  sera-jax figure budget|scale|ablations|outcome|maze [--out DIR] ...
+
+With no arguments `train` runs the shipped config `default` (SERA on the
+embedded digits) into runs/default-sera. Shipped configs: CONFIGS.
+Every figure writes its PNG and CSV into the directory --out (default
+docs/figures); `sera-jax COMMAND --help` lists a command's options.
+"""
+
+import importlib
+import json
+import os
+import pathlib
+import sys
+
+from absl import flags
+
+from sera_jax.harness import configs
+
+USAGE = __doc__.replace("CONFIGS", ", ".join(configs.names()))
+TRAIN_USAGE = "usage:" + USAGE.split("  sera-jax plot")[0].split("command.")[1].rstrip()
+FIGURES = ("budget", "scale", "ablations", "outcome", "maze")
+
+
+def train(argv: list[str]) -> None:
+  """Trains one config into a workdir (resuming it when it holds checkpoints)."""
+  argv = ["sera-jax train", *argv]
+  if "--help" in argv or "-h" in argv:
+    print(TRAIN_USAGE)
+    print(configs.train_flags(["sera-jax train"]).module_help(configs.__name__))
+    return
+  try:
+    values = configs.train_flags(argv)
+  except (flags.Error, AttributeError, KeyError, ValueError, FileNotFoundError) as error:
+    raise SystemExit(f"error: {error}") from None
+  if values.multihost:
+    from sera_jax.common import sharding
+    sharding.initialize_distributed(values.coordinator, values.num_processes, values.process_id)
+  from sera_jax.harness import train as training
+
+  config = values.config
+  config_name = pathlib.Path(values["config"].config_filename).stem
+  workdir = values.workdir or os.path.join("runs", f"{config_name}-{config.get('method', 'run')}")
+  try:
+    training.check_same_run(config, workdir)
+    rows = training.run(config, workdir, resume=values.resume)
+  except (ValueError, FileNotFoundError, training.NonFiniteError) as error:
+    raise SystemExit(f"error: {error}") from None
+  if rows:
+    print(json.dumps(rows[-1]))
+    summary = training.summarize([r for r in rows if "cos/sera_expected" in r])
+    for name in ("cos/sera_expected", "cos/uniform_expected", "cos/sera_realized",
+                 "cos/uniform_realized"):
+      if name in summary:
+        print(f"mean {name}: {summary[name]:.4f}")
+  print(f"outputs in {workdir}")
+
+
+def plot(argv: list[str]) -> None:
+  """Overlays the alignment curves of run directories (sera_jax.harness.plotting)."""
+  import argparse
+
+  from sera_jax.harness import plotting
+  parser = argparse.ArgumentParser(prog="sera-jax plot", description=plot.__doc__)
+  parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+  parser.add_argument("--out", default="alignment_runs.png", help="PNG path; the CSV of the "
+                      "plotted series goes next to it with suffix .csv.")
+  parser.add_argument("--window", type=int, default=20, help="Moving-average window.")
+  args = parser.parse_args(argv)
+  try:
+    labels = plotting.plot_runs(args.run_dirs, args.out, window=args.window)
+  except FileNotFoundError as error:
+    raise SystemExit(f"error: {error}") from None
+  print(f"wrote {args.out} and its .csv ({', '.join(labels)})")
+
+
+def sweep(argv: list[str]) -> None:
+  """Runs or prints a grid of `train` runs (sera_jax.harness.sweep)."""
+  from sera_jax.harness import sweep as sweeping
+  sweeping.main(argv, train_command=train)
+
+
+def figure(argv: list[str]) -> None:
+  """Runs a figure experiment of sera_jax.harness.figures: its arguments follow the name."""
+  if not argv or argv[0] not in FIGURES:
+    raise SystemExit(f"error: sera-jax figure needs one of {', '.join(FIGURES)}; "
+                     f"`sera-jax figure NAME --help` lists its options.")
+  importlib.import_module(f"sera_jax.harness.figures.{argv[0]}").main(argv[1:])
+
+
+COMMANDS = {"train": train, "plot": plot, "sweep": sweep, "figure": figure}
+
+
+def main(argv: list[str] | None = None) -> None:
+  argv = sys.argv[1:] if argv is None else argv
+  if not argv or argv[0] in ("-h", "--help", "help"):
+    print(USAGE)
+    return
+  command, *rest = argv
+  if command not in COMMANDS:
+    raise SystemExit(f"error: unknown command {command!r}; commands: {', '.join(COMMANDS)}.\n"
+                     + USAGE)
+  COMMANDS[command](rest)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,256 @@
+"""Shared machinery of the figure experiments (`sera-jax figure NAME`).
+
+* Snapshots: a `sera_jax.harness.train.run` of a classification config
+  checkpointed at every epoch boundary (`train_for_snapshots`), restored by
+  step (`load_state`); early / midway / late are epoch boundaries
+  (`snapshot_steps`), so the historical estimate (DESIGN §1.5) can be rebuilt
+  from the checkpoints of the epochs before each one (`historical_log_p`).
+* The command line every figure shares (`figure_parser`: `--out DIR`, where
+  the figure writes NAME.png and NAME.csv) and the options of the snapshot
+  run (`add_run_arguments`).
+* Reporting: Student-t intervals, CSV rows per seed, text tables.
+
+The methods a figure compares and their jitted evaluation live with the
+setting, in `sera_jax.settings.classification.alignment`.
+"""
+
+import argparse
+import csv
+import functools
+import os
+import pathlib
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+from scipy import stats
+
+from sera_jax.harness import configs, train
+from sera_jax.method import allocation, success
+from sera_jax.settings.classification import gradients
+from sera_jax.settings.classification.task import ClassificationTask, TrainState
+
+OUT_DIR = "docs/figures"
+
+
+# ----------------------------------------------------------------------------- snapshots
+
+
+def snapshot_steps(num_steps: int, steps_per_epoch: int) -> dict[str, int]:
+  """Early, midway and late epoch boundaries of a run: after epoch 1, at half, the last one."""
+  last = (num_steps // steps_per_epoch) * steps_per_epoch
+  if last < steps_per_epoch:
+    raise ValueError(f"a run of {num_steps} steps does not finish one epoch of "
+                     f"{steps_per_epoch} steps; train longer.")
+  middle = max(round(num_steps / 2 / steps_per_epoch), 1) * steps_per_epoch
+  return {"early": steps_per_epoch, "mid": middle, "late": last}
+
+
+def train_for_snapshots(config: ml_collections.ConfigDict, workdir: str) -> ClassificationTask:
+  """Runs (or resumes, or finds finished) `config` in `workdir` with a checkpoint per epoch.
+
+  Returns the task, whose model and dataset the evaluations use.
+  """
+  task = ClassificationTask(config)
+  steps_per_epoch = task.dataset.steps_per_epoch(config.batch_size)
+  config.checkpoint_every = steps_per_epoch
+  config.checkpoints_to_keep = config.num_steps // steps_per_epoch + 2
+  train.check_same_run(config, workdir)
+  train.run(config, workdir, task=task)
+  return task
+
+
+def load_state(task: ClassificationTask, workdir: str, step: int) -> TrainState:
+  """The training state after `step` steps (step 0: the initial state)."""
+  state = task.init_state(jax.random.PRNGKey(task.config.seed))
+  if step == 0:
+    return state
+  path = os.path.abspath(os.path.join(workdir, train.CHECKPOINT_DIR))
+  with ocp.CheckpointManager(path) as manager:
+    if step not in manager.all_steps():
+      raise FileNotFoundError(f"no checkpoint of step {step} in {path}; it holds "
+                              f"{sorted(manager.all_steps())}.")
+    return manager.restore(step, args=ocp.args.StandardRestore(state))
+
+
+class EvalBatch(NamedTuple):
+  """Fixed training prompts: ids into the training set, images and labels."""
+  ids: np.ndarray
+  images: np.ndarray
+  labels: np.ndarray
+
+
+def evaluation_batches(dataset, batch_size: int, num_batches: int, seed: int = 0
+                       ) -> list[EvalBatch]:
+  """`num_batches` disjoint fixed batches of training prompts (an in-memory dataset)."""
+  if not hasattr(dataset, "train_images"):
+    raise ValueError(f"the figure scripts need an in-memory dataset (digits, synthetic); "
+                     f"{dataset.name!r} is streamed.")
+  if batch_size * num_batches > dataset.num_train:
+    raise ValueError(f"{num_batches} batches of {batch_size} exceed the {dataset.num_train} "
+                     f"training examples.")
+  order = np.random.default_rng(seed).permutation(dataset.num_train)
+  batches = []
+  for i in range(num_batches):
+    ids = order[i * batch_size:(i + 1) * batch_size]
+    batches.append(EvalBatch(ids, dataset.train_images[ids], dataset.train_labels[ids]))
+  return batches
+
+
+def forward_logits(task: ClassificationTask, state: TrainState, images) -> jax.Array:
+  """Training-mode logits, as in the training step."""
+  logits, _ = task.model.apply(state.params, state.batch_stats, images, train=True)
+  return logits
+
+
+def figure_parser(name: str, description: str) -> argparse.ArgumentParser:
+  """The parser of `sera-jax figure NAME`, with the `--out DIR` every figure takes."""
+  parser = argparse.ArgumentParser(prog=f"sera-jax figure {name}",
+                                   description=description.split("\n")[0])
+  parser.add_argument("--out", default=OUT_DIR,
+                      help=f"directory of the figure's PNG and CSV (default {OUT_DIR})")
+  return parser
+
+
+def output_paths(out: str, stem: str) -> tuple[str, str]:
+  """(PNG, CSV) paths of the figure `stem` in the directory `out`, which is created."""
+  os.makedirs(out, exist_ok=True)
+  return os.path.join(out, f"{stem}.png"), os.path.join(out, f"{stem}.csv")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, seeds: int | None) -> None:
+  """The arguments of the snapshot run the figures evaluate, and the seeds (if any)."""
+  parser.add_argument("--config", default=configs.DEFAULT,
+                      help=configs.help_text() + "; a classification config, whose run's "
+                      "snapshots are evaluated")
+  parser.add_argument("--method", default="ce", choices=("ce", "sera", "uniform", "equalized"),
+                      help="update rule of that run (default ce: the exact gradient, a "
+                      "trajectory that favours none of the compared estimators)")
+  parser.add_argument("--num-steps", type=int, help="override config.num_steps")
+  parser.add_argument("--batch-size", type=int, help="override config.batch_size (M)")
+  parser.add_argument("--workdir", help="training run directory (default runs/figures-...)")
+  if seeds is not None:
+    parser.add_argument("--seeds", type=int, default=seeds, help="sampling seeds per point")
+
+
+def prepare_run(args: argparse.Namespace) -> tuple[ClassificationTask, str, dict[str, int]]:
+  """Loads the config, trains (or resumes) the run and returns (task, workdir, snapshots)."""
+  try:
+    config = configs.load(args.config)
+  except FileNotFoundError as error:
+    raise SystemExit(f"error: {error}") from None
+  config.method = args.method
+  config.align_every = 10  # the run's own alignment.png; the figures measure their own
+  if args.num_steps is not None:
+    config.num_steps = args.num_steps
+  if args.batch_size is not None:
+    config.batch_size = args.batch_size
+  workdir = args.workdir or os.path.join(
+      "runs", f"figures-{pathlib.Path(args.config).stem}-{config.method}-{config.num_steps}steps"
+      f"-m{config.batch_size}")
+  try:
+    task = train_for_snapshots(config, workdir)
+  except ValueError as error:  # e.g. the workdir holds a run of another config
+    raise SystemExit(f"error: {error}") from None
+  steps = snapshot_steps(config.num_steps, task.dataset.steps_per_epoch(config.batch_size))
+  return task, workdir, steps
+
+
+# ----------------------------------------------------------------------------- historical p
+
+
+def historical_log_p(task: ClassificationTask, workdir: str, steps: Sequence[int], *,
+                     discount: float = 0.75, seed: int = 0) -> dict[int, jax.Array]:
+  """The frozen historical estimates (DESIGN §1.5) of every training prompt at epoch boundaries.
+
+  Replays the epochs before max(steps) over the whole training set once:
+  epoch e rolls out every training prompt with the policy of the checkpoint
+  at its start (epoch 0 with the uniform allocation, as nothing is seen yet;
+  later epochs with SERA on the frozen estimate; budget num_train * N0),
+  stages the outcomes and folds them in at the boundary. Within-epoch policy
+  drift is ignored (the epoch's first policy plays the whole epoch).
+
+  Returns:
+    {step: log_p [num_train]} for each step of `steps`, indexed by training-set id.
+  """
+  config = task.config
+  dataset = task.dataset
+  steps_per_epoch = dataset.steps_per_epoch(config.batch_size)
+  if any(step % steps_per_epoch or step <= 0 for step in steps):
+    raise ValueError(f"steps {list(steps)} must be positive epoch boundaries "
+                     f"(epochs of {steps_per_epoch} steps).")
+  all_ids = jnp.arange(dataset.num_train)
+  images, labels = jnp.asarray(dataset.train_images), jnp.asarray(dataset.train_labels)
+
+  @functools.partial(jax.jit, static_argnames="mode")
+  def replay_epoch(history, state, key, mode):
+    logits = forward_logits(task, state, images)
+    estimate, _ = success.historical_estimate(history, all_ids)
+    counts = allocation.allocate_from_config(estimate, config, mode).counts
+    rollouts = gradients.sample_rollouts(key, logits, labels, counts,
+                                              max_rollouts=config.n_max)
+    history = success.historical_stage(history, all_ids, rollouts.rewards, rollouts.mask)
+    return success.historical_start_epoch(history, discount=discount)
+
+  history = success.historical_init(dataset.num_train)
+  estimates = {}
+  for epoch in range(max(steps) // steps_per_epoch):
+    state = load_state(task, workdir, epoch * steps_per_epoch)
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), epoch)
+    # Epoch 0 gives every prompt N0 rollouts, so from epoch 1 on all have an estimate.
+    history = replay_epoch(history, state, key, "sera" if epoch else "uniform")
+    if (epoch + 1) * steps_per_epoch in steps:
+      estimates[(epoch + 1) * steps_per_epoch] = success.historical_estimate(history, all_ids)[0]
+  return estimates
+
+
+# ----------------------------------------------------------------------------- reporting
+
+
+def mean_interval(values: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.ndarray]:
+  """Mean and half-width of its 95% Student-t interval along `axis`."""
+  values = np.asarray(values, dtype=np.float64)
+  count = values.shape[axis]
+  if count < 2:
+    return values.mean(axis), np.zeros_like(values.mean(axis))
+  half = stats.t.ppf(0.975, count - 1) * values.std(axis, ddof=1) / np.sqrt(count)
+  return values.mean(axis), half
+
+
+def write_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
+  """Writes dict rows (keys of the first row as the header)."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def per_seed_rows(columns: Mapping[str, Any], values, seeds: Sequence[int], ks: Sequence[int],
+                  *, digits: int) -> list[dict[str, Any]]:
+  """One row per k: `columns`, k, the mean and std over seeds and each seed's value.
+
+  Args:
+    columns: the leading columns shared by the rows (e.g. {"method": "sera"}).
+    values: [S, K] one value per seed and k.
+    seeds: the S seeds (column names seed<s>).
+    ks: the K values of k.
+    digits: decimals written.
+  """
+  values = np.asarray(values)
+  number = lambda v: f"{v:.{digits}f}"  # noqa: E731
+  return [{**columns, "k": k, "mean": number(column.mean()), "std": number(column.std()),
+           **{f"seed{s}": number(v) for s, v in zip(seeds, column, strict=True)}}
+          for k, column in zip(ks, values.T, strict=True)]
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+  """A fixed-width text table (floats with 4 decimals)."""
+  cells = [[f"{v:.4f}" if isinstance(v, float) else str(v) for v in row] for row in rows]
+  widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
+  line = lambda row: "  ".join(str(v).rjust(w) for v, w in zip(row, widths, strict=True))  # noqa: E731
+  return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, cells)])

@@ -1,0 +1,134 @@
+"""`sera-jax sweep`: a grid of config overrides expanded into runs, run here or printed.
+
+  sera-jax sweep --config NAME|FILE --grid 'method=sera,uniform' --grid 'seed=0,1,2'
+                 [--workdir-root DIR] [--print-commands]
+
+Each `--grid KEY=V1,V2,...` is one axis; the runs are the Cartesian product of
+the axes, in the order given (the last axis varies fastest). Run i is exactly
+the command `sera-jax train --config NAME|FILE --config.KEY=V ... --workdir
+ROOT/KEY=V,KEY=V` (`--print-commands` prints these lines for a cluster
+scheduler; otherwise they run here one after another, in this process). A run
+whose workdir already holds its final checkpoint and all num_steps metric rows
+is skipped, so an interrupted sweep is finished by running it again (partial
+runs resume from their checkpoint). Values cannot contain commas.
+"""
+
+import argparse
+import dataclasses
+import itertools
+import os
+import pathlib
+import shlex
+from collections.abc import Callable, Sequence
+
+from absl import flags
+
+from sera_jax.harness import configs, train
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One point of the grid: its overrides (key -> value text) and its workdir."""
+  overrides: tuple[tuple[str, str], ...]
+  workdir: str
+
+  def train_args(self, config_path: str) -> list[str]:
+    """The arguments of `sera-jax train` for this run."""
+    return [f"--config={config_path}", *(f"--config.{k}={v}" for k, v in self.overrides),
+            f"--workdir={self.workdir}"]
+
+
+def parse_axis(spec: str) -> tuple[str, list[str]]:
+  """'method=sera,uniform' -> ('method', ['sera', 'uniform'])."""
+  key, sep, values = spec.partition("=")
+  key = key.strip().removeprefix("config.")
+  items = [v.strip() for v in values.split(",")]
+  if not sep or not key or not all(items):
+    raise ValueError(f"--grid takes KEY=V1,V2,... (no empty key or value); got {spec!r}.")
+  if len(set(items)) != len(items):
+    raise ValueError(f"--grid {spec!r} repeats a value.")
+  return key, items
+
+
+def workdir_name(overrides: Sequence[tuple[str, str]]) -> str:
+  """The workdir of a run, 'KEY=V,KEY=V' (a '/' in a value becomes '_')."""
+  return ",".join(f"{key}={value.replace('/', '_')}" for key, value in overrides)
+
+
+def expand(axes: Sequence[tuple[str, list[str]]], workdir_root: str) -> list[Run]:
+  """The runs of the grid: the Cartesian product of the axes, last axis fastest."""
+  keys = [key for key, _ in axes]
+  repeated = sorted({key for key in keys if keys.count(key) > 1})
+  if repeated:
+    raise ValueError(f"--grid names {', '.join(repeated)} more than once.")
+  runs = []
+  for values in itertools.product(*(values for _, values in axes)):
+    overrides = tuple(zip(keys, values, strict=True))
+    runs.append(Run(overrides, os.path.join(workdir_root, workdir_name(overrides))))
+  return runs
+
+
+def is_finished(workdir: str, num_steps: int) -> bool:
+  """True when `workdir` holds the final checkpoint and one metric row per step."""
+  final_checkpoint = os.path.join(workdir, train.CHECKPOINT_DIR, str(num_steps))
+  steps = [row["step"] for row in train.read_metrics(workdir)]
+  return os.path.isdir(final_checkpoint) and steps == list(range(num_steps))
+
+
+def resolve_config(config_path: str, run: Run):
+  """The config `sera-jax train` would run for `run` (overrides parsed as the CLI does)."""
+  try:
+    values = configs.train_flags(["sera-jax train", *run.train_args(config_path)])
+  except (flags.Error, AttributeError, KeyError, ValueError, FileNotFoundError) as error:
+    raise SystemExit(f"error: {run.workdir}: {error}") from None
+  return values.config
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(prog="sera-jax sweep", description=__doc__.split("\n")[0],
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--config", default=configs.DEFAULT,
+                      help=configs.help_text())
+  parser.add_argument("--grid", action="append", required=True, metavar="KEY=V1,V2,...",
+                      help="One axis of the grid (repeat for more axes).")
+  parser.add_argument("--workdir-root", default=None,
+                      help="Parent of the run workdirs (default runs/sweep-<config name>).")
+  parser.add_argument("--print-commands", action="store_true",
+                      help="Print one `sera-jax train` command line per run; run nothing.")
+  return parser.parse_args(argv)
+
+
+def main(argv: list[str], train_command: Callable[[list[str]], None]) -> list[Run]:
+  """Runs (or prints) the sweep of `argv`; returns the runs of the grid.
+
+  Args:
+    argv: the arguments after `sera-jax sweep`.
+    train_command: runs `sera-jax train` with the given arguments (cli.train).
+  """
+  args = _parse(argv)
+  try:
+    configs.config_file(args.config)
+  except FileNotFoundError as error:
+    raise SystemExit(f"error: {error}") from None
+  root = args.workdir_root or os.path.join("runs", f"sweep-{pathlib.Path(args.config).stem}")
+  try:
+    runs = expand([parse_axis(spec) for spec in args.grid], root)
+  except ValueError as error:
+    raise SystemExit(f"error: {error}") from None
+  # Every run's overrides are checked before the first one starts.
+  run_configs = [resolve_config(args.config, run) for run in runs]
+  if args.print_commands:
+    for run in runs:
+      print(shlex.join(["sera-jax", "train", *run.train_args(args.config)]))
+    return runs
+  for index, (run, config) in enumerate(zip(runs, run_configs, strict=True), start=1):
+    try:
+      train.check_same_run(config, run.workdir)
+    except ValueError as error:
+      raise SystemExit(f"error: {error}") from None
+    if is_finished(run.workdir, config.num_steps):
+      print(f"[{index}/{len(runs)}] skip {run.workdir}: finished ({config.num_steps} steps)")
+      continue
+    print(f"[{index}/{len(runs)}] train {run.workdir}", flush=True)
+    train_command(run.train_args(args.config))
+  return runs

@@ -1,0 +1,174 @@
+"""The training loop: one task, checkpoints, metric writers, resume.
+
+A task (classification as RL, maze navigation) is an object with
+
+  init_state(rng) -> state            a pytree of arrays: everything to resume
+  train_step(state, step) -> (state, metrics)
+  evaluate(state) -> dict             held-out metrics, every config.eval_every
+  write_figures(workdir, rows)        figures drawn from the metric rows
+
+`run` drives it: it restores the latest Orbax checkpoint of the workdir if
+there is one, runs to config.num_steps, appends one JSON object per step to
+metrics.jsonl and to TensorBoard, saves checkpoints every
+config.checkpoint_every steps and stops on non-finite values keeping the last
+good checkpoint. Batches and RNG depend only on the step number (data
+position = step, RNG = fold_in(rng, step)), so a run killed at any point and
+resumed writes exactly the metrics of an uninterrupted run.
+"""
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+import tqdm
+from tensorboardX import SummaryWriter
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.json"
+CHECKPOINT_DIR = "checkpoints"
+PROGRESS_KEYS = ("cos/sera_expected", "cos/uniform_expected", "loss", "accuracy", "pass@1")
+
+
+class Task(Protocol):
+  def init_state(self, rng: jax.Array) -> Any: ...
+  def train_step(self, state: Any, step: int) -> tuple[Any, Mapping[str, jax.Array]]: ...
+  def evaluate(self, state: Any) -> dict[str, float]: ...
+  def write_figures(self, workdir: str, rows: list[dict]) -> None: ...
+
+
+class NonFiniteError(FloatingPointError):
+  """Raised when a step produced NaN or inf; the last good checkpoint is kept."""
+
+
+def build_task(config: ml_collections.ConfigDict) -> Task:
+  """The task named by config.task."""
+  if config.task == "classification":
+    from sera_jax.settings.classification.task import ClassificationTask
+    return ClassificationTask(config)
+  if config.task == "maze":
+    from sera_jax.settings.maze.task import MazeTask
+    return MazeTask(config)
+  raise ValueError(f"config.task must be 'classification' or 'maze'; got {config.task!r}.")
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """The metric rows of a run directory, in step order."""
+  path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _keep_rows_before(workdir: str, step: int) -> list[dict]:
+  """Drops rows written after the checkpoint we resume from (they are redone)."""
+  rows = [row for row in read_metrics(workdir) if row["step"] < step]
+  with open(os.path.join(workdir, METRICS_FILE), "w") as f:
+    f.writelines(json.dumps(row) + "\n" for row in rows)
+  return rows
+
+
+def _to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
+  return {name: float(value) for name, value in jax.device_get(dict(metrics)).items()}
+
+
+def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Refuses (ValueError) a workdir that holds a run of a different config.
+
+  The command-line entry points call it before `run`, which itself also resumes
+  a run whose config changed (e.g. to train it for more steps).
+  """
+  saved = os.path.join(workdir, CONFIG_FILE)
+  if not os.path.exists(saved):
+    return
+  with open(saved) as f:
+    before = json.load(f)
+  now = json.loads(config.to_json_best_effort())
+  changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+  if changed:
+    raise ValueError(
+        f"{workdir} holds a run with a different config ({', '.join(changed)} differ); "
+        f"choose another --workdir or delete it.")
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False,
+        task: Task | None = None) -> list[dict]:
+  """Trains `config` in `workdir` (resuming from its latest checkpoint) and returns the rows.
+
+  Args:
+    config: the experiment config (see sera_jax.harness.configs).
+    workdir: output directory; an existing one with checkpoints is resumed.
+    resume: require a checkpoint to resume from (error if there is none).
+    task: a prebuilt task (default: `build_task(config)`).
+  """
+  task = task or build_task(config)
+  is_writer = jax.process_index() == 0
+  os.makedirs(workdir, exist_ok=True)
+  manager = ocp.CheckpointManager(
+      os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR)),
+      options=ocp.CheckpointManagerOptions(max_to_keep=config.get("checkpoints_to_keep", 2),
+                                           create=True))
+  state = task.init_state(jax.random.PRNGKey(config.seed))
+  start = manager.latest_step() or 0
+  if resume and not start:
+    raise FileNotFoundError(
+        f"--resume: no checkpoint in {workdir}/{CHECKPOINT_DIR} to resume from.")
+  if start:
+    state = manager.restore(start, args=ocp.args.StandardRestore(state))
+  rows = _keep_rows_before(workdir, start) if is_writer else []
+  if is_writer:
+    with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
+      f.write(config.to_json_best_effort(indent=2))
+  writer = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start) if is_writer \
+      else None
+  metrics_file = open(os.path.join(workdir, METRICS_FILE), "a") if is_writer else None  # noqa: SIM115
+  progress = tqdm.tqdm(range(start, config.num_steps), initial=start, total=config.num_steps,
+                       desc=f"{config.task}/{config.get('method', '')}", disable=not is_writer,
+                       dynamic_ncols=True)
+  last_saved = start
+  try:
+    for step in progress:
+      state, step_metrics = task.train_step(state, step)
+      row = {"step": step} | _to_floats(step_metrics)
+      bad = sorted(name for name, value in row.items() if not math.isfinite(value))
+      if bad:
+        raise NonFiniteError(
+            f"non-finite {', '.join(bad)} at step {step}; the run stops here and the last "
+            f"good checkpoint (step {last_saved}) is kept in {workdir}/{CHECKPOINT_DIR}.")
+      done = step + 1
+      if config.eval_every and (done % config.eval_every == 0 or done == config.num_steps):
+        row |= task.evaluate(state)
+      if is_writer:
+        metrics_file.write(json.dumps(row) + "\n")
+        metrics_file.flush()
+        for name, value in row.items():
+          if name != "step":
+            writer.add_scalar(name, value, step)
+        rows.append(row)
+        progress.set_postfix({k.split("/")[-1]: f"{row[k]:.3f}" for k in PROGRESS_KEYS if k in row},
+                             refresh=False)
+      if done % config.checkpoint_every == 0 or done == config.num_steps:
+        manager.save(done, args=ocp.args.StandardSave(state))
+        last_saved = done
+  finally:
+    manager.wait_until_finished()
+    manager.close()
+    progress.close()
+    if is_writer:
+      metrics_file.close()
+      writer.close()
+  if is_writer:
+    task.write_figures(workdir, rows)
+  return rows
+
+
+def summarize(rows: list[dict]) -> dict[str, float]:
+  """Means over the run of every metric present in all rows."""
+  names = set.intersection(*(set(row) for row in rows)) - {"step"} if rows else set()
+  return {name: float(np.mean([row[name] for row in rows])) for name in sorted(names)}

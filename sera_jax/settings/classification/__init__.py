@@ -1,0 +1,9 @@
+"""Classification as RL (DESIGN §2): a sampled label is a rollout.
+
+* `gradients`: exact-in-law rollout sampling, the exact / realized / expected
+  logit cotangents and their cosines;
+* `alignment`: the methods the figures compare and one jitted evaluator of
+  their alignment with the exact gradient;
+* `task`: the training task (`ClassificationTask`);
+* `plots`: the alignment figure of a run.
+"""

@@ -1,0 +1,207 @@
+"""Gradient estimators of classification as RL and their alignment with the exact gradient.
+
+* Methods: how a batch becomes a gradient estimate. A `Method` holds an
+  allocation function (key, logits, labels, extras) -> `Allocation` plus the
+  static normalisation and width of its rollouts; `oracle_method`,
+  `estimate_method` and `pilot_method` build the allocations the figures
+  compare (DESIGN §1.5: oracle, historical, pilot estimates of p).
+* `make_evaluator`: for a fixed batch and any set of methods, ONE jitted call
+  draws every seed's rollouts (`jax.vmap` over keys), stacks the exact,
+  realized and expected logit cotangents (DESIGN §2), pushes them through one
+  `jax.vjp` and returns each estimate's cosine with the exact gradient from
+  their Gram matrix (`gradients.gram_matrix` / `gradients.cosines`).
+"""
+
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from sera_jax.method import allocation, success
+from sera_jax.method.allocation import Allocation
+from sera_jax.settings.classification import gradients
+from sera_jax.settings.classification.task import ClassificationTask
+
+# (key, logits, labels, extras) -> Allocation; extras: per-batch inputs given to the evaluator.
+AllocateFn = Callable[[jax.Array, jax.Array, jax.Array, Mapping[str, jax.Array]], Allocation]
+
+
+class Method(NamedTuple):
+  """A gradient estimator of the DESIGN §1.4 loss: an allocation and how it is scored.
+
+  Attributes:
+    allocate: (key, logits, labels, extras) -> `Allocation` of the (second-stage)
+      rollouts; `extras` are the per-batch arrays passed to the evaluator.
+    baseline_n: the N0 normalising the loss (§1.4) of those rollouts.
+    max_rollouts: static padded width of the rollouts (>= every count).
+    estimator: an `estimators.ESTIMATORS` name.
+    random_allocation: True when the allocation depends on the key (a pilot);
+      then every seed has its own allocation and its own expected gradient.
+  """
+  allocate: AllocateFn
+  baseline_n: int
+  max_rollouts: int
+  estimator: str = "maxrl"
+  random_allocation: bool = False
+
+
+def _allocator(log_p_fn, *, baseline_n, n_min, n_max, mode, **options) -> AllocateFn:
+  def allocate(key, logits, labels, extras):
+    return allocation.allocate(jax.lax.stop_gradient(log_p_fn(key, logits, labels, extras)),
+                               baseline_n=baseline_n, n_min=n_min, n_max=n_max, mode=mode,
+                               **options)
+  return allocate
+
+
+def oracle_method(*, baseline_n: int, n_min: int, n_max: int, mode: str = "sera",
+                  estimator: str = "maxrl", **options) -> Method:
+  """Allocation on the exact p (§1.5 oracle). `options`: threshold, normalize_by_*."""
+  oracle = lambda key, logits, labels, extras: success.oracle_log_p(logits, labels)  # noqa: E731
+  allocate = _allocator(oracle, baseline_n=baseline_n, n_min=n_min, n_max=n_max, mode=mode,
+                        **options)
+  return Method(allocate, baseline_n,
+                allocation.max_count(mode, baseline_n=baseline_n, n_max=n_max), estimator)
+
+
+def estimate_method(extra: str, *, baseline_n: int, n_min: int, n_max: int,
+                    mode: str = "sera", estimator: str = "maxrl", **options) -> Method:
+  """Allocation on an estimate of log p given per batch as `extras[extra]` (e.g. historical)."""
+  given = lambda key, logits, labels, extras: extras[extra]  # noqa: E731
+  allocate = _allocator(given, baseline_n=baseline_n, n_min=n_min, n_max=n_max, mode=mode,
+                        **options)
+  return Method(allocate, baseline_n,
+                allocation.max_count(mode, baseline_n=baseline_n, n_max=n_max), estimator)
+
+
+def pilot_method(num_pilot: int, *, baseline_n: int, n_min: int, n_max: int,
+                 mode: str = "sera", estimator: str = "maxrl", **options) -> Method:
+  """Two-stage SERA (§1.5 pilot): num_pilot rollouts per prompt estimate p, the rest is allocated.
+
+  The pilot spends M * num_pilot of the budget M * baseline_n only on the
+  estimate; the gradient uses the independent second stage, allocated with
+  `success.pilot_budget_split(baseline_n, num_pilot)` rollouts per prompt on
+  average and normalised by that baseline.
+  """
+  rest = success.pilot_budget_split(baseline_n, num_pilot)
+
+  def pilot_log_p(key, logits, labels, extras):
+    counts = jnp.full(labels.shape, num_pilot, jnp.int32)
+    pilot = gradients.sample_rollouts(key, logits, labels, counts, max_rollouts=num_pilot)
+    return success.pilot_log_p(jnp.sum(pilot.rewards, axis=1), num_pilot)
+
+  allocate = _allocator(pilot_log_p, baseline_n=rest, n_min=n_min, n_max=n_max, mode=mode,
+                        **options)
+  return Method(allocate, rest, allocation.max_count(mode, baseline_n=rest, n_max=n_max),
+                estimator, random_allocation=True)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+class Alignment(NamedTuple):
+  """Cosines with the exact gradient of one method on one batch.
+
+  Attributes:
+    realized: [S] cosine of each seed's realized gradient.
+    expected: [S] cosine of the expected gradient given each seed's allocation
+      (all equal unless the allocation is random).
+    norm_ratio: [S] |expected| / |exact| (cosines ignore a common scale; this does not).
+    active_fraction: [S] fraction of prompts with rollouts.
+  """
+  realized: jax.Array
+  expected: jax.Array
+  norm_ratio: jax.Array
+  active_fraction: jax.Array
+
+
+def _seed_allocations(method: Method, allocation_keys, logits, labels, extras) -> Allocation:
+  """The [S, M] allocation of every seed (one allocation, broadcast, unless it is random)."""
+  if method.random_allocation:
+    return jax.vmap(lambda key: method.allocate(key, logits, labels, extras))(allocation_keys)
+  alloc = method.allocate(allocation_keys[0], logits, labels, extras)
+  num_seeds = allocation_keys.shape[0]
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (num_seeds, *jnp.shape(x))), alloc)
+
+
+def _cotangents(methods: Mapping[str, Method], keys, logits, labels, extras):
+  """Per method: realized [S, M, C] and expected [S, or 1, M, C] cotangents, and allocations.
+
+  Seed i allocates with split(keys[i])[0] (used only by random allocations)
+  and samples with split(keys[i])[1], for every method (common random numbers).
+  Methods with the same estimator are sampled in one vmap over (method, seed),
+  padded to their widest rollouts: padding is masked out and the draws of a
+  row are prefixes of a wider row's draws, so the result does not depend on
+  which methods share the call, and compilation is paid once per estimator.
+  """
+  allocation_keys, sample_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
+  allocs = {name: _seed_allocations(method, allocation_keys, logits, labels, extras)
+            for name, method in methods.items()}
+  realized, expected = {}, {}
+  for estimator in sorted({method.estimator for method in methods.values()}):
+    group = [name for name, method in methods.items() if method.estimator == estimator]
+    stacked = jax.tree.map(lambda *x: jnp.stack(x), *[allocs[name] for name in group])
+    baselines = jnp.asarray([methods[name].baseline_n for name in group], logits.dtype)
+    width = max(methods[name].max_rollouts for name in group)
+
+    def realize(alloc, baseline_n, key, estimator=estimator, width=width):
+      cotangent, _, _ = gradients.sample_and_score(
+          key, logits, labels, alloc, baseline_n=baseline_n, estimator=estimator,
+          max_rollouts=width)
+      return cotangent
+
+    def expect(alloc, baseline_n, estimator=estimator, width=width):
+      return gradients.expected_logit_grad(logits, labels, alloc, baseline_n=baseline_n,
+                                                estimator=estimator, max_rollouts=width)
+
+    over_seeds = jax.vmap(realize, in_axes=(0, None, 0))
+    realized_rows = jax.vmap(over_seeds, in_axes=(0, 0, None))(stacked, baselines, sample_keys)
+    expected_rows = jax.vmap(jax.vmap(expect, in_axes=(0, None)))(stacked, baselines)
+    for index, name in enumerate(group):
+      realized[name] = realized_rows[index]
+      random = methods[name].random_allocation
+      expected[name] = expected_rows[index] if random else expected_rows[index, :1]
+  return realized, expected, allocs
+
+
+def make_evaluator(task: ClassificationTask, methods: Mapping[str, Method]):
+  """One jitted call: (state, images, labels, keys [S], extras={}) -> {name: `Alignment`}.
+
+  All seeds and all methods share one forward pass and one `jax.vjp`: the
+  exact cotangent, then per method S realized and S (or 1) expected
+  cotangents, are stacked and pushed through `jax.vmap(vjp_fn)` (DESIGN §2).
+  """
+  names = list(methods)
+
+  def evaluate(state, images, labels, keys, extras=None):
+    extras = {} if extras is None else extras
+    forward = lambda p: task.model.apply(p, state.batch_stats, images, train=True)  # noqa: E731
+    logits, vjp_fn, _ = jax.vjp(forward, state.params, has_aux=True)
+    realized, expected, allocs = _cotangents(methods, keys, logits, labels, extras)
+    rows = [gradients.exact_logit_grad(logits, labels)[None]]
+    for name in names:
+      rows += [realized[name], expected[name]]
+    (grads,) = jax.vmap(vjp_fn)(jnp.concatenate(rows))
+    gram = gradients.gram_matrix(grads)
+    with_exact = gradients.cosines(gram)[0]
+    norms = jnp.sqrt(jnp.diag(gram))
+    num_seeds = keys.shape[0]
+    broadcast = lambda x: jnp.broadcast_to(x, (num_seeds,))  # noqa: E731
+    results, first = {}, 1
+    for name in names:
+      realized_rows = slice(first, first + num_seeds)
+      expected_rows = slice(first + num_seeds, first + num_seeds + expected[name].shape[0])
+      first = expected_rows.stop
+      results[name] = Alignment(
+          realized=with_exact[realized_rows],
+          expected=broadcast(with_exact[expected_rows]),
+          norm_ratio=broadcast(norms[expected_rows] / norms[0]),
+          active_fraction=jnp.mean(allocs[name].active, axis=-1))
+    return results
+
+  return jax.jit(evaluate)
+
+
+def seed_keys(seed: int, num_seeds: int) -> jax.Array:
+  """The sampling keys of seeds 0..num_seeds-1 (shared by every method and point)."""
+  return jax.random.split(jax.random.PRNGKey(seed), num_seeds)

@@ -1,0 +1,251 @@
+"""Classification as RL: exact, estimated and expected logit gradients (DESIGN §2).
+
+An image is a prompt, a sampled label a rollout, reward 1 iff the label is the
+true class y. The score of label a in logit space is onehot(a) - pi, so every
+estimator's parameter gradient is one vector-Jacobian product of the network
+with an [M, C] logit cotangent (ascent convention):
+
+    exact:      (1/M) (onehot(y_q) - pi_q)
+    estimated:  (1/(M N0)) w_q sum_j A_qj (onehot(a_qj) - pi_q)
+    expected:   (1/M) (w_q n_q / N0) c(p_q, n_q) (onehot(y_q) - pi_q)
+
+Rollouts are sampled exactly in law in log space: a success is the event
+log U < log p with log U resolved down to U = 2^-128, and a failure's label is
+drawn from pi restricted to the wrong classes by inverse CDF. Rollouts are
+[M, N] label indices, never [M, N, C] one-hots.
+"""
+
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sera_jax.method import estimators, success, validation
+from sera_jax.method.allocation import Allocation
+
+_TAIL_WORDS = 3  # drawn after an all-zero first word: U resolved to 2^-128 in all.
+# `gram_matrix` reduces pairs of gradients for at most this many gradients (the training
+# step's five or six) in leaves of at least this many parameters.
+_PAIRWISE_MAX_GRADS = 6
+_PAIRWISE_MIN_SIZE = 2**16
+
+
+class Rollouts(NamedTuple):
+  """Sampled labels of M prompts, padded to N rollouts.
+
+  Attributes:
+    actions: int32 [M, N] sampled labels.
+    rewards: [M, N] 1.0 where the label is the true class.
+    mask: bool [M, N], True on the first counts[q] slots of row q.
+  """
+  actions: jax.Array
+  rewards: jax.Array
+  mask: jax.Array
+
+
+def _leading_zeros(words: jax.Array) -> jax.Array:
+  """Leading zero bits of the bit string that concatenates `words` along the last axis."""
+  all_zero_before = jnp.cumprod(words == 0, axis=-1)
+  reached = jnp.concatenate(
+      [jnp.ones_like(all_zero_before[..., :1]), all_zero_before[..., :-1]], axis=-1)
+  return jnp.sum(jnp.where(reached, jax.lax.clz(words), 0), axis=-1).astype(jnp.int32)
+
+
+def log_uniform(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> jax.Array:
+  """log U for U ~ Uniform(0, 1), exact in law down to U = 2^-128.
+
+  jax.random.uniform has a resolution of 2^-23, so P(U < 1e-9) would be 0;
+  here U = 2^-Z v with Z the leading zeros of U's random binary expansion
+  (geometric, as for a uniform) and v uniform on [1/2, 1) from 24 more bits.
+  Z comes from one 32-bit word; only when some word is all zeros (probability
+  2^-32 each) are three more drawn, so a draw costs two words.
+  """
+  head_key, tail_key = jax.random.split(key)
+  leading, mantissa = jax.random.bits(head_key, (2, *shape), jnp.uint32)
+  return _log_uniform_from_bits(leading, mantissa, tail_key, dtype)
+
+
+def _log_uniform_from_bits(leading, mantissa, tail_key, dtype):
+  """`log_uniform` from U's first 32 bits and 32 mantissa bits; the tail is drawn if needed."""
+  exhausted = leading == 0
+
+  def tail_zeros():
+    words = jax.random.bits(tail_key, (*leading.shape, _TAIL_WORDS), jnp.uint32)
+    return _leading_zeros(words)
+
+  tail = jax.lax.cond(jnp.any(exhausted), tail_zeros,
+                      lambda: jnp.zeros(leading.shape, jnp.int32))
+  zeros = (jax.lax.clz(leading).astype(jnp.int32) + jnp.where(exhausted, tail, 0)).astype(dtype)
+  # v = 1/2 + m 2^-24 is exact in the dtype, so log v < 0 keeps every digit near U = 1.
+  halves = 0.5 + (mantissa >> 9).astype(dtype) * (2.0**-24)
+  return jnp.log(halves) - zeros * np.log(2.0).astype(dtype)
+
+
+def _sample_group(log_probs, label, count, log_u, label_u):
+  """One prompt's rollouts from its uniforms: success iff log U < log p (§2).
+
+  A failure's label inverts the CDF of pi restricted to the wrong classes
+  (mass 1 - p) at `label_u`; the first `count` slots are real.
+  """
+  chex.assert_rank(log_probs, 1)
+  mask = jnp.arange(log_u.shape[0]) < count
+  success_ = log_u < log_probs[label]
+  wrong = jnp.exp(log_probs).at[label].set(0.0)
+  cdf = jnp.cumsum(wrong)
+  wrong_labels = jnp.minimum(jnp.searchsorted(cdf, label_u * cdf[-1], side="right"),
+                             wrong.shape[0] - 1)
+  actions = jnp.where(success_, label, wrong_labels).astype(jnp.int32)
+  return Rollouts(actions, (success_ & mask).astype(log_probs.dtype), mask)
+
+
+def sample_rollouts(key: jax.Array, logits: jax.Array, labels: jax.Array, counts: jax.Array,
+                    *, max_rollouts: int) -> Rollouts:
+  """Samples counts[q] labels from softmax(logits_q) for every prompt (DESIGN §2).
+
+  Args:
+    key: PRNG key.
+    logits: [M, C] logits.
+    labels: [M] true classes.
+    counts: int [M] rollouts per prompt, each <= max_rollouts.
+    max_rollouts: static N, the padded width.
+
+  Returns:
+    `Rollouts` of shape [M, N].
+  """
+  log_probs = jax.nn.log_softmax(logits, axis=-1)
+  shape = (logits.shape[0], max_rollouts)
+  reward_key, label_key = jax.random.split(key)
+  log_u = log_uniform(reward_key, shape, log_probs.dtype)
+  label_u = jax.random.uniform(label_key, shape, log_probs.dtype)
+  return jax.vmap(_sample_group)(log_probs, labels, counts, log_u, label_u)
+
+
+def rollout_logit_grad(logits: jax.Array, rollouts: Rollouts, advantages: jax.Array,
+                       weights: jax.Array, *, baseline_n: int) -> jax.Array:
+  """(1/(M N0)) w_q sum_j A_qj (onehot(a_qj) - pi_q): minus d loss / d logits (§1.4, §2).
+
+  Equals the negative gradient of `estimators.policy_loss` over the same
+  rollouts with respect to the logits, without forming one-hots.
+  """
+  num_prompts = logits.shape[0]
+  advantages = jnp.where(rollouts.mask, advantages, 0.0)
+  rows = jnp.broadcast_to(jnp.arange(num_prompts)[:, None], rollouts.actions.shape)
+  chosen = jnp.zeros_like(logits).at[rows, rollouts.actions].add(advantages)
+  centred = chosen - jnp.sum(advantages, axis=1, keepdims=True) * jax.nn.softmax(logits, axis=-1)
+  return (weights / (num_prompts * baseline_n))[:, None] * centred
+
+
+def exact_logit_grad(logits: jax.Array, labels: jax.Array) -> jax.Array:
+  """(1/M) (onehot(y_q) - pi_q) = d/dlogits of (1/M) sum_q log p_q (DESIGN §2)."""
+  _check_logits_labels(logits, labels)
+  num_classes = logits.shape[-1]
+  onehot = jax.nn.one_hot(labels, num_classes, dtype=logits.dtype)
+  return (onehot - jax.nn.softmax(logits, axis=-1)) / logits.shape[0]
+
+
+def estimate_logit_grad(key: jax.Array, logits: jax.Array, labels: jax.Array,
+                        allocation: Allocation, *, baseline_n: int, estimator: str = "maxrl",
+                        max_rollouts: int | None = None, eps: float = 1e-6) -> jax.Array:
+  """The realized ascent gradient of the DESIGN §1.4 loss in logit space (§2).
+
+  Samples allocation.counts[q] labels per prompt, scores them with
+  `estimator`, and returns (1/(M N0)) w_q sum_j A_qj (onehot(a_qj) - pi_q).
+
+  Args:
+    key: PRNG key.
+    logits: [M, C] logits.
+    labels: [M] true classes.
+    allocation: counts and weights (from `sera_jax.allocate`).
+    baseline_n: N0.
+    estimator: one of `sera_jax.estimators.ESTIMATORS`.
+    max_rollouts: static padded width; defaults to max(counts) when concrete.
+    eps: the advantage stabiliser.
+
+  Returns:
+    [M, C] logit cotangent.
+  """
+  _check_logits_labels(logits, labels)
+  max_rollouts = _static_width(allocation.counts, max_rollouts)
+  cotangent, _, _ = sample_and_score(key, logits, labels, allocation, baseline_n=baseline_n,
+                                     estimator=estimator, max_rollouts=max_rollouts, eps=eps)
+  return cotangent
+
+
+def sample_and_score(key: jax.Array, logits: jax.Array, labels: jax.Array,
+                     allocation: Allocation, *, baseline_n: int, estimator: str,
+                     max_rollouts: int, eps: float = 1e-6
+                     ) -> tuple[jax.Array, Rollouts, jax.Array]:
+  """`estimate_logit_grad` that also returns the rollouts and their advantages."""
+  rollouts = sample_rollouts(key, logits, labels, allocation.counts, max_rollouts=max_rollouts)
+  advantages = estimators.advantages(rollouts.rewards, rollouts.mask, estimator=estimator,
+                                     eps=eps)
+  cotangent = rollout_logit_grad(logits, rollouts, advantages, allocation.weights,
+                                 baseline_n=baseline_n)
+  return cotangent, rollouts, advantages
+
+
+def expected_logit_grad(logits: jax.Array, labels: jax.Array, allocation: Allocation, *,
+                        baseline_n: int, estimator: str = "maxrl",
+                        max_rollouts: int | None = None, eps: float = 1e-6) -> jax.Array:
+  """E[estimate_logit_grad] = (1/M) (w_q n_q / N0) c(p_q, n_q) (onehot(y_q) - pi_q) (§2).
+
+  c is `estimators.expected_scale`, exact for any eps.
+  """
+  _check_logits_labels(logits, labels)
+  max_rollouts = _static_width(allocation.counts, max_rollouts)
+  log_p = success.oracle_log_p(logits, labels)
+  scale = estimators.expected_scale(estimator, log_p, allocation.counts, eps=eps,
+                                    max_n=max_rollouts)
+  prompt_scale = allocation.weights * allocation.counts / baseline_n * scale
+  return prompt_scale[:, None] * exact_logit_grad(logits, labels)
+
+
+def gram_matrix(stacked_grads) -> jax.Array:
+  """[k, k] inner products of k gradients stacked on the leading axis of each leaf.
+
+  Small leaves, and every leaf when k is large, are flattened to [k, P] and
+  multiplied by their transpose. For the training step's handful of gradients,
+  a large leaf's entries are instead k (k + 1) / 2 multiply-reduce passes over
+  the leaf as the backward pass laid it out: flattening a kernel gradient that
+  `jax.vmap(vjp_fn)` produced transposed costs a copy of all k gradients, and a
+  [k, P] x [P, k] product with tiny k and P in the millions is slow on XLA's CPU
+  backend (`benchmarks/alignment_step.py` measures the step with this Gram).
+  """
+  leaves = [leaf.astype(jnp.float32) for leaf in jax.tree.leaves(stacked_grads)]
+  num_grads = leaves[0].shape[0]
+  in_pairs = lambda leaf: (num_grads <= _PAIRWISE_MAX_GRADS  # noqa: E731
+                           and leaf.size // num_grads >= _PAIRWISE_MIN_SIZE)
+  pairwise = [leaf for leaf in leaves if in_pairs(leaf)]
+  flat = [leaf.reshape(num_grads, -1) for leaf in leaves if not in_pairs(leaf)]
+  gram = sum(f @ f.T for f in flat)
+  if pairwise:
+    upper = {(i, j): sum(jnp.sum(leaf[i] * leaf[j]) for leaf in pairwise)
+             for i in range(num_grads) for j in range(i, num_grads)}
+    gram = gram + jnp.stack([jnp.stack([upper[min(i, j), max(i, j)] for j in range(num_grads)])
+                             for i in range(num_grads)])
+  return gram
+
+
+def cosines(gram: jax.Array) -> jax.Array:
+  """Cosine similarities from a Gram matrix (0 where a norm is 0)."""
+  norms = jnp.sqrt(jnp.diag(gram))
+  denominator = norms[:, None] * norms[None, :]
+  return jnp.where(denominator > 0, gram / jnp.where(denominator > 0, denominator, 1.0), 0.0)
+
+
+def _static_width(counts, max_rollouts):
+  if max_rollouts is not None:
+    return validation.integer("max_rollouts", max_rollouts, minimum=1)
+  if not validation.is_concrete(counts):
+    raise ValueError("max_rollouts (a static int) is required when counts are traced.")
+  return max(int(np.max(np.asarray(counts))), 1)
+
+
+def _check_logits_labels(logits, labels):
+  validation.rank("logits", logits, 2)
+  validation.rank("labels", labels, 1)
+  if jnp.shape(labels)[0] != jnp.shape(logits)[0]:
+    raise ValueError(f"labels {jnp.shape(labels)} must have one entry per row of logits "
+                     f"{jnp.shape(logits)}.")

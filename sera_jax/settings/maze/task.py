@@ -1,0 +1,295 @@
+"""Maze navigation as RL: supervised warm start, then SERA / uniform MaxRL / GRPO.
+
+A fixed training set of mazes is visited in epochs of shuffled batches of M
+mazes. The first `config.warmup_steps` steps minimise the negative
+log-likelihood of the BFS shortest paths; every later step spends the same
+rollout budget B = M * N0:
+
+* "uniform": N0 rollouts a maze, centered MaxRL advantages (DESIGN §1);
+* "grpo":    N0 rollouts a maze, GRPO advantages;
+* "sera":    counts from `allocate(mode="sera")` (DESIGN §1.1–1.3) on success
+  probabilities from the historical estimator (§1.5, frozen within an epoch);
+  until every maze of the batch has an estimate (the first RL epoch) the
+  uniform allocation.
+
+All use the loss of DESIGN §1.4 with the allocation's prompt weights.
+Rollouts live in a flat buffer of exactly B sequences with segment ids (the
+maze of each rollout), so counts vary and shapes never do; rewards and
+advantages use the padded [M, width] view (width = n_max for SERA, N0
+otherwise) with a mask.
+
+Batches, epochs and RNG depend only on the step number, so the state
+(params, optimizer state, RNG, historical counts) is all a resume needs.
+"""
+
+import functools
+import os
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from sera_jax.common import optim
+from sera_jax.method import allocation, estimators, success, validation
+from sera_jax.settings.maze import env as maze_env
+from sera_jax.settings.maze.plots import plot_runs
+from sera_jax.settings.maze.policy import MazePolicy
+
+METHODS = ("sera", "uniform", "grpo")
+PASS_AT_K = tuple(2**i for i in range(9))  # 1, 2, 4, ..., 256
+_TRAIN_SET, _EVAL_SET, _WARMUP_ORDER, _RL_ORDER, _EVAL_KEY = range(5)
+
+
+class MazeState(NamedTuple):
+  """Everything a maze run needs to resume exactly."""
+  params: Any
+  opt_state: Any
+  rng: jax.Array
+  historical: success.HistoricalState
+
+
+def pass_at_k(successes: np.ndarray, num_samples: int, ks=PASS_AT_K) -> np.ndarray:
+  """Unbiased pass@k = 1 - C(n - c, k) / C(n, k), averaged over problems.
+
+  C(n - c, k) / C(n, k) = prod_{i<k} (1 - c / (n - i)) is summed in log space
+  (float64), so large n and k neither overflow nor cancel.
+
+  Args:
+    successes: int [Q], the successes c among n samples of each problem.
+    num_samples: n.
+    ks: the k to report, each in [1, n].
+
+  Returns:
+    float64 [len(ks)].
+  """
+  ks = np.asarray(ks)
+  if ks.min() < 1 or ks.max() > num_samples:
+    raise ValueError(f"every k must lie in [1, n = {num_samples}]; got {ks.tolist()}.")
+  successes = np.asarray(successes, np.float64)[:, None]
+  remaining = num_samples - np.arange(num_samples, dtype=np.float64)[None, :]  # n - i
+  # Once n - i <= c the product is 0 (log1p(-1) = -inf); later factors are irrelevant.
+  with np.errstate(divide="ignore"):
+    log_terms = np.log1p(-np.minimum(successes / remaining, 1.0))
+  log_all_fail = np.cumsum(log_terms, axis=1)  # column k - 1: log C(n - c, k) / C(n, k)
+  return np.mean(-np.expm1(log_all_fail[:, ks - 1]), axis=0)
+
+
+def rollout_layout(counts: jax.Array, budget: int) -> tuple[jax.Array, jax.Array]:
+  """Segment ids of a flat buffer of `budget` rollouts that gives prompt q counts[q] slots.
+
+  Args:
+    counts: int [M] with sum == budget.
+    budget: B (static).
+
+  Returns:
+    (prompt int32 [B], slot int32 [B]): rollout b is the slot-th of its prompt.
+  """
+  ends = jnp.cumsum(counts)
+  index = jnp.arange(budget)
+  prompt = jnp.searchsorted(ends, index, side="right").astype(jnp.int32)
+  slot = (index - (ends - counts)[prompt]).astype(jnp.int32)
+  return prompt, slot
+
+
+def validate_config(config: ml_collections.ConfigDict) -> None:
+  """Rejects a bad config before anything is compiled."""
+  validation.choice("config.method", config.method, METHODS)
+  maze_env.check_size(config.maze_size)
+  allocation._check_bounds(config.baseline_n, config.n_min, config.n_max)
+  validation.in_unit_interval("config.threshold", config.threshold)
+  batch = validation.integer("config.batch_size", config.batch_size, minimum=1)
+  train = validation.integer("config.num_train_mazes", config.num_train_mazes, minimum=1)
+  if train % batch:
+    raise ValueError(f"config.num_train_mazes ({train}) must be a multiple of "
+                     f"config.batch_size ({batch}): epochs are whole batches.")
+  validation.integer("config.warmup_steps", config.warmup_steps, minimum=0)
+  if config.warmup_steps > config.num_steps:
+    raise ValueError(f"config.warmup_steps ({config.warmup_steps}) must be <= "
+                     f"config.num_steps ({config.num_steps}).")
+  microbatches = validation.integer("config.microbatches", config.microbatches, minimum=1)
+  if (batch * config.baseline_n) % microbatches:
+    raise ValueError(f"config.microbatches ({microbatches}) must divide the rollout budget "
+                     f"batch_size * baseline_n = {batch * config.baseline_n}.")
+  validation.choice("config.optimizer", config.optimizer, optim.OPTIMIZERS)
+  validation.integer("config.eval_samples", config.eval_samples, minimum=max(PASS_AT_K))
+  eval_batch = validation.integer("config.eval_batch_size", config.eval_batch_size, minimum=1)
+  if config.num_eval_mazes % eval_batch:
+    raise ValueError(f"config.num_eval_mazes ({config.num_eval_mazes}) must be a multiple of "
+                     f"config.eval_batch_size ({eval_batch}).")
+
+
+def _optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """Clipped Adam(W) or SGD; the warm start and RL phases have their own learning rate."""
+  schedule = optax.join_schedules(
+      [optax.constant_schedule(config.warmup_learning_rate),
+       optax.constant_schedule(config.learning_rate)], [config.warmup_steps])
+  return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm),
+                     optim.make_optimizer(config, schedule))
+
+
+def _generate(key: jax.Array, count: int, size: int) -> jax.Array:
+  return jax.vmap(lambda k: maze_env.generate(k, size))(jax.random.split(key, count))
+
+
+class MazeTask:
+  """The `sera_jax.harness.train.Task` of maze navigation."""
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    validate_config(config)
+    self.config = config
+    max_steps = config.max_steps or maze_env.max_path_length(config.maze_size) + 1
+    self.policy = MazePolicy(config.maze_size, max_steps, config.dim, config.num_layers,
+                             config.num_heads)
+    data_key = jax.random.PRNGKey(config.data_seed)
+    self.train_mazes = _generate(jax.random.fold_in(data_key, _TRAIN_SET),
+                                 config.num_train_mazes, config.maze_size)
+    self.eval_mazes = _generate(jax.random.fold_in(data_key, _EVAL_SET),
+                                config.num_eval_mazes, config.maze_size)
+    self.train_paths, lengths = jax.vmap(
+        lambda m: maze_env.shortest_path(m, max_steps))(self.train_mazes)
+    if int(jnp.max(lengths)) > max_steps:
+      raise ValueError(f"config.max_steps ({max_steps}) is shorter than a shortest path "
+                       f"({int(jnp.max(lengths))} moves) of the training set.")
+    self.optimizer = _optimizer(config)
+    self._warmup_step = jax.jit(self._warmup_step_fn)
+    self._rl_step = jax.jit(self._rl_step_fn)
+    self._eval_successes = jax.jit(self._eval_successes_fn)
+
+  # ---- protocol -------------------------------------------------------------------------------
+
+  def init_state(self, rng: jax.Array) -> MazeState:
+    params = self.policy.init(jax.random.fold_in(rng, 1))
+    return MazeState(params, self.optimizer.init(params), rng,
+                     success.historical_init(self.config.num_train_mazes))
+
+  def train_step(self, state: MazeState, step: int) -> tuple[MazeState, dict[str, jax.Array]]:
+    config = self.config
+    if step < config.warmup_steps:
+      ids, _ = self._batch(step, _WARMUP_ORDER)
+      return self._warmup_step(state, jnp.asarray(ids))
+    ids, new_epoch = self._batch(step - config.warmup_steps, _RL_ORDER)
+    return self._rl_step(state, jnp.asarray(ids), step, new_epoch)
+
+  def evaluate(self, state: MazeState) -> dict[str, float]:
+    """pass@k on the held-out mazes from config.eval_samples samples a maze."""
+    config = self.config
+    key = jax.random.fold_in(state.rng, _EVAL_KEY)
+    counts = [self._eval_successes(state.params, self.eval_mazes[i:i + config.eval_batch_size],
+                                   jax.random.fold_in(key, i))
+              for i in range(0, config.num_eval_mazes, config.eval_batch_size)]
+    values = pass_at_k(np.concatenate(jax.device_get(counts)), config.eval_samples)
+    return {f"pass@{k}": float(v) for k, v in zip(PASS_AT_K, values, strict=True)}
+
+  def write_figures(self, workdir: str, rows: list[dict]) -> None:
+    """maze.png: training success rate over steps and the last pass@k curve."""
+    plot_runs([(self.config.method, rows)], os.path.join(workdir, "maze.png"))
+
+  # ---- steps ----------------------------------------------------------------------------------
+
+  def _batch(self, index: int, order: int) -> tuple[np.ndarray, bool]:
+    """Maze ids of the index-th batch of shuffled epochs, and whether it opens an epoch > 0."""
+    config = self.config
+    per_epoch = config.num_train_mazes // config.batch_size
+    epoch, position = divmod(index, per_epoch)
+    permutation = np.random.default_rng([config.data_seed, order, epoch]).permutation(
+        config.num_train_mazes)
+    ids = permutation[position * config.batch_size:(position + 1) * config.batch_size]
+    return ids.astype(np.int32), position == 0 and epoch > 0
+
+  def _apply(self, state: MazeState, grads) -> tuple[Any, Any]:
+    updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+    return optax.apply_updates(state.params, updates), opt_state
+
+  def _warmup_step_fn(self, state: MazeState, ids: jax.Array) -> tuple[MazeState, dict]:
+    """Supervised step: minimise the mean NLL of the BFS paths of a batch of mazes."""
+    mazes, paths = self.train_mazes[ids], self.train_paths[ids]
+
+    def nll(params):
+      return -jnp.mean(self.policy.log_prob(params, mazes, paths[:, None])[:, 0])
+
+    loss, grads = jax.value_and_grad(nll)(state.params)
+    params, opt_state = self._apply(state, grads)
+    return state._replace(params=params, opt_state=opt_state), {"loss": loss,
+                                                                "warmup/nll": loss}
+
+  def _allocation(self, historical: success.HistoricalState, ids: jax.Array):
+    """The method's allocation and its estimated log p (uniform until all have estimates)."""
+    config = self.config
+    log_p, has_estimate = success.historical_estimate(historical, ids, alpha0=config.alpha0,
+                                                      beta0=config.beta0)
+    allocate = functools.partial(allocation.allocate_from_config, log_p, config)
+    uniform = allocate("uniform")
+    if config.method != "sera":
+      return uniform, log_p, has_estimate
+    chosen = jax.tree.map(lambda s, u: jnp.where(jnp.all(has_estimate), s, u),
+                          allocate("sera"), uniform)
+    return chosen, log_p, has_estimate
+
+  def _rl_step_fn(self, state: MazeState, ids: jax.Array, step, new_epoch) -> tuple[MazeState,
+                                                                                   dict]:
+    config = self.config
+    num_prompts, budget = config.batch_size, config.batch_size * config.baseline_n
+    width = allocation.max_count("sera" if config.method == "sera" else "uniform",
+                                 baseline_n=config.baseline_n, n_max=config.n_max)
+    historical = jax.tree.map(
+        lambda started, kept: jnp.where(new_epoch, started, kept),
+        success.historical_start_epoch(state.historical, discount=config.discount),
+        state.historical)
+    alloc, log_p, has_estimate = self._allocation(historical, ids)
+
+    mazes = self.train_mazes[ids]
+    prompt, slot = rollout_layout(alloc.counts, budget)
+    key = jax.random.fold_in(state.rng, step)
+    actions, log_probs = self.policy.sample_rollouts(state.params, mazes, prompt, key)
+    rewards = jax.vmap(maze_env.reward)(mazes[prompt], actions)
+    in_episode = jax.vmap(maze_env.episode_mask)(mazes[prompt], actions)
+    padded = lambda flat: jnp.zeros((num_prompts, width), flat.dtype).at[prompt, slot].set(flat)  # noqa: E731
+    mask = jnp.arange(width) < alloc.counts[:, None]
+    group_rewards = padded(rewards)
+    advantages = estimators.advantages(
+        group_rewards, mask, estimator="grpo" if config.method == "grpo" else "maxrl")
+    historical = success.historical_stage(historical, ids, group_rewards, mask)
+
+    def loss_of(padded_log_probs):
+      return estimators.policy_loss(padded_log_probs, advantages, mask, alloc.weights,
+                                    config.baseline_n)
+
+    # The loss is linear in the log-probabilities: its gradient is sum_b coef_b grad log pi_b,
+    # accumulated over microbatches of rollouts so that memory does not grow with B.
+    loss, coefficients = jax.value_and_grad(loss_of)(padded(log_probs))
+    coefficients = coefficients[prompt, slot]
+    chunks = lambda x: x.reshape(config.microbatches, -1, *x.shape[1:])  # noqa: E731
+
+    def accumulate(total, chunk):
+      chunk_prompt, chunk_actions, chunk_coefficients = chunk
+      grads = jax.grad(lambda params: jnp.sum(chunk_coefficients * self.policy.log_prob_rollouts(
+          params, mazes, chunk_prompt, chunk_actions)))(state.params)
+      return jax.tree.map(jnp.add, total, grads), None
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    grads, _ = jax.lax.scan(accumulate, zeros,
+                            (chunks(prompt), chunks(actions), chunks(coefficients)))
+    params, opt_state = self._apply(state, grads)
+
+    group_successes = jnp.sum(group_rewards, axis=1)
+    # Active prompts have counts >= n_min >= 1.
+    success_rates = group_successes / jnp.maximum(alloc.counts, 1)
+    metrics = allocation.rollout_metrics(alloc, group_successes, log_p) | {
+        "loss": loss,
+        "reward/mean": jnp.mean(rewards),  # over rollouts: SERA weights hard mazes up
+        "reward/maze_mean": jnp.sum(jnp.where(alloc.active, success_rates, 0.0))
+                            / jnp.maximum(jnp.sum(alloc.active), 1),
+        "estimated_fraction": jnp.mean(has_estimate),
+        "episode_length": jnp.mean(jnp.sum(in_episode, axis=1)),
+    }
+    state = MazeState(params, opt_state, state.rng, historical)
+    return state, metrics
+
+  def _eval_successes_fn(self, params, mazes: jax.Array, key: jax.Array) -> jax.Array:
+    """Successes among config.eval_samples samples of each maze, int32 [len(mazes)]."""
+    actions, _ = self.policy.sample(params, mazes, key, self.config.eval_samples)
+    rewards = jax.vmap(jax.vmap(maze_env.reward, in_axes=(None, 0)))(mazes, actions)
+    return jnp.sum(rewards, axis=1).astype(jnp.int32)

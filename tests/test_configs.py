@@ -1,0 +1,47 @@
+"""The shipped configs (sera_jax.harness.configs): by name, by path, and the train flags."""
+
+import pathlib
+
+import pytest
+from absl import flags
+
+from sera_jax.harness import configs
+
+EXPERIMENT_CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "configs"
+
+
+def test_names_are_the_shipped_files():
+  assert configs.names() == ("default", "imagenet_resnet50", "maze", "maze17", "synthetic1000")
+
+
+@pytest.mark.parametrize("name", configs.names())
+def test_a_name_and_its_experiments_path_load_the_same_locked_config(name):
+  by_name = configs.load(name)
+  by_path = configs.load(EXPERIMENT_CONFIGS / f"{name}.py")
+  assert by_name.to_dict() == by_path.to_dict()
+  with pytest.raises(AttributeError):
+    by_name.no_such_key = 1  # locked: a misspelt key fails
+
+
+def test_an_existing_file_wins_over_a_name(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "default").write_text("def get_config():\n  return 'the local file'\n")
+  assert configs.load("default") == "the local file"
+
+
+def test_an_unknown_config_lists_the_shipped_names():
+  with pytest.raises(FileNotFoundError, match="default, imagenet_resnet50, maze"):
+    configs.config_file("synthetic999")
+
+
+@pytest.mark.parametrize("form", [["--config", "synthetic1000"], ["--config=synthetic1000"]])
+def test_train_flags_take_a_name_with_overrides(form):
+  values = configs.train_flags(["sera-jax train", *form, "--config.num_steps=7"])
+  assert values.config.dataset == "synthetic" and values.config.num_steps == 7
+  assert pathlib.Path(values["config"].config_filename).parent == configs.CONFIG_DIR
+
+
+def test_train_flags_default_and_bad_override():
+  assert configs.train_flags(["sera-jax train"]).config.dataset == "digits"
+  with pytest.raises((flags.Error, AttributeError, KeyError)):
+    configs.train_flags(["sera-jax train", "--config.batchsize=3"])
