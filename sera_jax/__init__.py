@@ -1,6 +1,6 @@
 """sera_jax: Scale-Equalized Rollout Allocation for Maximum Likelihood RL."""
 
-from sera_jax.method.allocation import MODES, Allocation, allocate, clamp_log_p
+from sera_jax.method.allocation import MODES, Allocation, allocate, clamp_log_p, max_count
 from sera_jax.method.estimators import ESTIMATORS, advantages, expected_scale, policy_loss
 from sera_jax.method.scaling import (
     coverage,
@@ -49,6 +49,7 @@ __all__ = [
     "historical_stage",
     "historical_start_epoch",
     "log1mexp",
+    "max_count",
     "mixed_probability",
     "oracle_log_p",
     "pilot_budget_split",

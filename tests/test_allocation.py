@@ -265,3 +265,14 @@ def test_rejects_bad_input(kwargs, message):
 def test_rejects_non_integer_counts():
   with pytest.raises(TypeError, match="baseline_n must be an int"):
     allocate(jnp.asarray([-1.0]), baseline_n=4.5, n_min=2, n_max=8)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_16_bit_log_p_is_allocated_in_float32(dtype):
+  """bfloat16 logits (common on TPU) give bfloat16 log p: the same counts as its float32 value."""
+  log_p = jnp.log(jnp.asarray([0.02, 0.1, 0.5, 0.9, 0.999, 0.3])).astype(dtype)
+  for mode in allocation.MODES:
+    low = allocate(log_p, baseline_n=8, n_min=2, n_max=32, mode=mode)
+    high = allocate(log_p.astype(jnp.float32), baseline_n=8, n_min=2, n_max=32, mode=mode)
+    np.testing.assert_array_equal(low.counts, high.counts)
+    assert low.weights.dtype == jnp.float32

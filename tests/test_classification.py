@@ -199,3 +199,33 @@ def test_bad_input():
   with pytest.raises(ValueError, match="estimator must be one of"):
     gradients.estimate_logit_grad(jax.random.key(0), logits, labels, alloc, baseline_n=N0,
                                        estimator="ppo")
+
+
+def test_a_width_below_a_concrete_count_raises_instead_of_truncating():
+  """counts [8 4 6 2 2 0 6 4] at max_rollouts = 4 would drop rollouts of three groups."""
+  counts = jnp.asarray([8, 4, 6, 2, 2, 0, 6, 4], jnp.int32)
+  logits = jax.random.normal(jax.random.key(1), (8, 5))
+  labels = jnp.arange(8, dtype=jnp.int32) % 5
+  alloc = allocate(oracle_log_p(logits, labels), baseline_n=4, n_min=2, n_max=8)._replace(
+      counts=counts)
+  key = jax.random.key(0)
+  for call in (
+      lambda: gradients.estimate_logit_grad(key, logits, labels, alloc, baseline_n=4,
+                                            max_rollouts=4),
+      lambda: gradients.expected_logit_grad(logits, labels, alloc, baseline_n=4, max_rollouts=4),
+      lambda: gradients.sample_rollouts(key, logits, labels, counts, max_rollouts=4)):
+    with pytest.raises(ValueError, match=r"max_rollouts = 4 is smaller than max\(counts\) = 8"):
+      call()
+  rollouts = gradients.sample_rollouts(key, logits, labels, counts, max_rollouts=8)
+  np.testing.assert_array_equal(rollouts.mask.sum(axis=1), counts)
+
+
+def test_a_static_width_compiles_once_for_every_count_pattern():
+  logits = jax.random.normal(jax.random.key(1), (6, 5))
+  labels = jnp.arange(6, dtype=jnp.int32) % 5
+  log_p = oracle_log_p(logits, labels)
+  before = estimators._expected_scale._cache_size()
+  for largest in (3, 5, 9, 16):
+    counts = jnp.asarray([2, largest, 2, 3, 0, 4], jnp.int32)
+    estimators.expected_scale("maxrl", log_p, counts, max_n=16)
+  assert estimators._expected_scale._cache_size() == before + 1

@@ -156,7 +156,7 @@ def test_expected_scale_jit_needs_static_max_n():
         (("maxrl", jnp.nan, 2), {}, r"log_p.*NaN"),
         (("maxrl", -1.0, -1), {}, r"n must hold integers >= 0"),
         (("maxrl", -1.0, 2.5), {}, r"n must hold integers >= 0"),
-        (("maxrl", -1.0, 8), {"max_n": 4}, r"n must be <= max_n = 4"),
+        (("maxrl", -1.0, 8), {"max_n": 4}, r"max_n = 4 is smaller than max\(n\) = 8"),
         (("dr_grpo", -1.0, 2), {}, r"estimator must be one of.*'dr_grpo'"),
     ],
 )

@@ -108,7 +108,10 @@ def advantages(rewards: jax.Array, mask: jax.Array, *, estimator: str = "maxrl",
   * "reinforce"   r - mu.
 
   Masked slots and groups with n = 0 get 0. Runs under `jax.jit` with
-  `estimator` static; value checks run only on concrete inputs.
+  `estimator` static; value checks run only on concrete inputs. It compiles once
+  per padded width N: pad every step to one static width
+  (`allocation.max_count(mode, baseline_n=N0, n_max=n_max)`), not to max(counts),
+  which would compile anew whenever the largest group grows.
 
   Args:
     rewards: [M, N] rewards, each 0 or 1 (padded slots may hold either).
@@ -141,14 +144,7 @@ def _rollout_counts(n, dtype, max_n: int | None) -> tuple[jax.Array, int]:
     bad = ~((values >= 0) & (values == np.round(values)))
     if bad.any():
       raise ValueError(f"n must hold integers >= 0; found {validation._first_bad(bad, values)}.")
-    if max_n is None:
-      max_n = int(values.max()) if values.size else 0
-    elif values.size and values.max() > max_n:
-      raise ValueError(f"n must be <= max_n = {max_n}; got max(n) = {int(values.max())}.")
-  elif max_n is None:
-    raise ValueError("max_n is required when n is traced (inside jit): give a static int.")
-  max_n = validation.integer("max_n", max_n, minimum=0)
-  return n.astype(dtype), max_n
+  return n.astype(dtype), validation.static_width("n", n, "max_n", max_n)
 
 
 def expected_scale(estimator: str, log_p: jax.Array, n: jax.Array, *, eps: float = 1e-6,
@@ -177,15 +173,18 @@ def expected_scale(estimator: str, log_p: jax.Array, n: jax.Array, *, eps: float
     log_p: log success probabilities, finite and <= 0.
     n: rollout counts (integers >= 0), broadcastable against `log_p`; n = 0 gives 0.
     eps: as in `advantages`.
-    max_n: static upper bound on n (the size of the K grid); defaults to
-      max(n) when n is concrete and is required under `jax.jit` (where n above
-      max_n cannot be detected and would truncate the sum).
+    max_n: static upper bound on n (the size of the K grid); a concrete n above
+      it raises. Defaults to max(n) when n is concrete, which compiles anew for
+      every new max(n): training loops should pass one static bound
+      (`allocation.max_count(mode, baseline_n=N0, n_max=n_max)`). Required under
+      `jax.jit`, where n above max_n cannot be detected and would truncate the sum.
 
   In float32 the result is accurate to about 1e-4 relative for n in the
   hundreds (rounding of gammaln); in float64 to about 1e-12.
 
   Returns:
-    c(p, n) with the broadcast shape of `log_p` and `n`, in the dtype of `log_p`.
+    c(p, n) with the broadcast shape of `log_p` and `n`, in the dtype of `log_p`
+    (float32 for 16-bit `log_p`).
   """
   validation.choice("estimator", estimator, ESTIMATORS)
   log_p = validation.log_probabilities("log_p", log_p)

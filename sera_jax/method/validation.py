@@ -29,11 +29,14 @@ def log_probabilities(name: str, x: Any) -> jax.Array:
   """Returns `x` as a float array after checking it holds log probabilities.
 
   Allowed: finite values <= 0. Rejected: NaN, positive values, and -inf
-  (p = 0, for which no allocation or estimator is defined).
+  (p = 0, for which no allocation or estimator is defined). Integers and 16-bit
+  floats (bfloat16 logits on a TPU give bfloat16 log p) are promoted to float32 at
+  least: the method's log-space numerics and integer rounding need its precision.
   """
   arr = jnp.asarray(x)
   if not jnp.issubdtype(arr.dtype, jnp.floating):
     arr = arr.astype(jnp.result_type(float))
+  arr = arr.astype(jnp.promote_types(arr.dtype, jnp.float32))
   if is_concrete(arr):
     values = np.asarray(arr)
     for bad, what in (
@@ -113,3 +116,31 @@ def rank(name: str, x: Any, expected: int) -> None:
   if jnp.ndim(x) != expected:
     raise ValueError(
         f"{name} must have rank {expected}; got shape {tuple(jnp.shape(x))}.")
+
+
+def static_width(counts_name: str, counts: Any, width_name: str, width: int | None, *,
+                 minimum: int = 0) -> int:
+  """The static padded width of groups of `counts` rollouts: `width`, or max(counts).
+
+  A width given with concrete counts must hold every group: a narrower one would
+  silently drop rollouts. Without a width the counts must be concrete (outside jit),
+  since a traced max cannot fix a shape; each new max then traces callers anew.
+
+  Raises:
+    ValueError: width < max(counts), or no width for traced counts.
+  """
+  if width is not None:
+    width = integer(width_name, width, minimum=minimum)
+  if not is_concrete(counts):
+    if width is None:
+      raise ValueError(f"{width_name} is required when {counts_name} is traced (inside jit): "
+                       f"give a static int.")
+    return width
+  values = np.asarray(counts)
+  largest = int(values.max()) if values.size else 0
+  if width is None:
+    return max(largest, minimum)
+  if largest > width:
+    raise ValueError(f"{width_name} = {width} is smaller than max({counts_name}) = {largest}: "
+                     f"the groups would be truncated; give {width_name} >= {largest}.")
+  return width

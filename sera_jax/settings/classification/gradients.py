@@ -113,7 +113,12 @@ def sample_rollouts(key: jax.Array, logits: jax.Array, labels: jax.Array, counts
 
   Returns:
     `Rollouts` of shape [M, N].
+
+  Raises:
+    ValueError: concrete counts above max_rollouts (their groups would be truncated).
   """
+  max_rollouts = validation.static_width("counts", counts, "max_rollouts", max_rollouts,
+                                         minimum=1)
   log_probs = jax.nn.log_softmax(logits, axis=-1)
   shape = (logits.shape[0], max_rollouts)
   reward_key, label_key = jax.random.split(key)
@@ -160,14 +165,18 @@ def estimate_logit_grad(key: jax.Array, logits: jax.Array, labels: jax.Array,
     allocation: counts and weights (from `sera_jax.allocate`).
     baseline_n: N0.
     estimator: one of `sera_jax.estimators.ESTIMATORS`.
-    max_rollouts: static padded width; defaults to max(counts) when concrete.
+    max_rollouts: static padded width, >= every count (a concrete count above it
+      raises rather than truncate its group). Defaults to max(counts) when the
+      counts are concrete, which compiles anew for every new maximum: loops
+      should pass `allocation.max_count(mode, baseline_n=N0, n_max=n_max)`.
     eps: the advantage stabiliser.
 
   Returns:
     [M, C] logit cotangent.
   """
   _check_logits_labels(logits, labels)
-  max_rollouts = _static_width(allocation.counts, max_rollouts)
+  max_rollouts = validation.static_width("counts", allocation.counts, "max_rollouts",
+                                        max_rollouts, minimum=1)
   cotangent, _, _ = sample_and_score(key, logits, labels, allocation, baseline_n=baseline_n,
                                      estimator=estimator, max_rollouts=max_rollouts, eps=eps)
   return cotangent
@@ -191,10 +200,12 @@ def expected_logit_grad(logits: jax.Array, labels: jax.Array, allocation: Alloca
                         max_rollouts: int | None = None, eps: float = 1e-6) -> jax.Array:
   """E[estimate_logit_grad] = (1/M) (w_q n_q / N0) c(p_q, n_q) (onehot(y_q) - pi_q) (§2).
 
-  c is `estimators.expected_scale`, exact for any eps.
+  c is `estimators.expected_scale`, exact for any eps. Arguments as in
+  `estimate_logit_grad` (the same static `max_rollouts`).
   """
   _check_logits_labels(logits, labels)
-  max_rollouts = _static_width(allocation.counts, max_rollouts)
+  max_rollouts = validation.static_width("counts", allocation.counts, "max_rollouts",
+                                        max_rollouts, minimum=1)
   log_p = success.oracle_log_p(logits, labels)
   scale = estimators.expected_scale(estimator, log_p, allocation.counts, eps=eps,
                                     max_n=max_rollouts)
@@ -233,14 +244,6 @@ def cosines(gram: jax.Array) -> jax.Array:
   norms = jnp.sqrt(jnp.diag(gram))
   denominator = norms[:, None] * norms[None, :]
   return jnp.where(denominator > 0, gram / jnp.where(denominator > 0, denominator, 1.0), 0.0)
-
-
-def _static_width(counts, max_rollouts):
-  if max_rollouts is not None:
-    return validation.integer("max_rollouts", max_rollouts, minimum=1)
-  if not validation.is_concrete(counts):
-    raise ValueError("max_rollouts (a static int) is required when counts are traced.")
-  return max(int(np.max(np.asarray(counts))), 1)
 
 
 def _check_logits_labels(logits, labels):
