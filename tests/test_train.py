@@ -7,7 +7,10 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
+import ml_collections
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import tensorflow_datasets as tfds
 
@@ -134,3 +137,41 @@ def test_imagenet_config_one_step_under_mock_data(tmp_path):
     rows = train.run(config, str(tmp_path / "run"))
   assert len(rows) == 1 and np.isfinite(rows[0]["cos/sera_expected"])
   assert jax.device_count() >= 1
+
+
+class _PoisonedUpdateTask:
+  """A task whose update at `poison_step` makes the parameters NaN while its metrics, computed
+  from the state before the update (as both real tasks do), stay finite."""
+
+  def __init__(self, poison_step):
+    self.poison_step = poison_step
+
+  def init_state(self, rng):
+    return {"params": {"w": jnp.ones(3)}, "opt_state": jnp.zeros(3), "rng": rng}
+
+  def train_step(self, state, step):
+    update = jnp.nan if step == self.poison_step else 1.0
+    new = dict(state, params={"w": state["params"]["w"] + update})
+    return new, {"loss": jnp.sum(state["params"]["w"])}
+
+  def evaluate(self, state):
+    return {}
+
+  def write_figures(self, workdir, rows):
+    pass
+
+
+def test_a_non_finite_update_is_never_saved_as_the_last_good_checkpoint(tmp_path):
+  config = ml_collections.ConfigDict(dict(task="toy", method="toy", seed=0, num_steps=6,
+                                          eval_every=0, checkpoint_every=1,
+                                          checkpoints_to_keep=10))
+  task = _PoisonedUpdateTask(poison_step=2)
+  with pytest.raises(train.NonFiniteError,
+                     match=r"state\['params'\]\['w'\] at step 2.*last good checkpoint \(step 2\)"):
+    train.run(config, str(tmp_path), task=task)
+  with ocp.CheckpointManager(tmp_path / "checkpoints") as manager:
+    assert manager.latest_step() == 2
+    restored = manager.restore(2, args=ocp.args.StandardRestore(task.init_state(
+        jax.random.PRNGKey(0))))
+  assert not train.non_finite_leaves(restored)
+  assert [row["step"] for row in train.read_metrics(str(tmp_path))] == [0, 1]

@@ -10,8 +10,9 @@ A task (classification as RL, maze navigation) is an object with
 `run` drives it: it restores the latest Orbax checkpoint of the workdir if
 there is one, runs to config.num_steps, appends one JSON object per step to
 metrics.jsonl and to TensorBoard, saves checkpoints every
-config.checkpoint_every steps and stops on non-finite values keeping the last
-good checkpoint. Batches and RNG depend only on the step number (data
+config.checkpoint_every steps and stops on non-finite metrics or a non-finite
+new state (parameters, optimizer state: any floating leaf), before that state
+can be saved, keeping the last good checkpoint. Batches and RNG depend only on the step number (data
 position = step, RNG = fold_in(rng, step)), so a run killed at any point and
 resumed writes exactly the metrics of an uninterrupted run.
 """
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
@@ -64,6 +66,24 @@ def read_metrics(workdir: str) -> list[dict]:
     return []
   with open(path) as f:
     return [json.loads(line) for line in f if line.strip()]
+
+
+@jax.jit
+def _finite_flags(leaves: list[jax.Array]) -> jax.Array:
+  return jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves])
+
+
+def non_finite_leaves(state: Any) -> list[str]:
+  """The paths of the floating leaves of `state` that hold NaN or inf (one device sync)."""
+  paths, leaves = [], []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
+    if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
+      paths.append("state" + jax.tree_util.keystr(path))
+      leaves.append(leaf)
+  if not leaves:
+    return []
+  flags = jax.device_get(_finite_flags(leaves))
+  return [path for path, finite in zip(paths, flags, strict=True) if not finite]
 
 
 def _keep_rows_before(workdir: str, step: int) -> list[dict]:
@@ -136,10 +156,14 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     for step in progress:
       state, step_metrics = task.train_step(state, step)
       row = {"step": step} | _to_floats(step_metrics)
+      # The metrics describe the state before the update; the new state is checked
+      # itself, so a poisoned update is never saved as a good checkpoint.
       bad = sorted(name for name, value in row.items() if not math.isfinite(value))
+      bad += non_finite_leaves(state)
       if bad:
+        listed = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         raise NonFiniteError(
-            f"non-finite {', '.join(bad)} at step {step}; the run stops here and the last "
+            f"non-finite {listed} at step {step}; the run stops here and the last "
             f"good checkpoint (step {last_saved}) is kept in {workdir}/{CHECKPOINT_DIR}.")
       done = step + 1
       if config.eval_every and (done % config.eval_every == 0 or done == config.num_steps):
