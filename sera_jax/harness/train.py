@@ -12,9 +12,10 @@ there is one, runs to config.num_steps, appends one JSON object per step to
 metrics.jsonl and to TensorBoard, saves checkpoints every
 config.checkpoint_every steps and stops on non-finite metrics or a non-finite
 new state (parameters, optimizer state: any floating leaf), before that state
-can be saved, keeping the last good checkpoint. Batches and RNG depend only on the step number (data
-position = step, RNG = fold_in(rng, step)), so a run killed at any point and
-resumed writes exactly the metrics of an uninterrupted run.
+can be saved, keeping the last good checkpoint. Batches and RNG depend only on
+the step number (data position = step, RNG = fold_in(rng, step)), so a run
+killed at any point and resumed writes exactly the metrics of an uninterrupted
+run.
 """
 
 import json
