@@ -37,6 +37,16 @@ def test_rollout_layout():
   np.testing.assert_array_equal(slot, [0, 1, 2, 0, 0, 1, 2, 3])
 
 
+def test_maze_success_is_averaged_over_every_maze_of_the_batch():
+  counts = jnp.asarray([4, 0, 2, 0])
+  successes = jnp.asarray([1.0, 0.0, 2.0, 0.0])
+  estimate = jnp.log(jnp.asarray([0.5, 0.9, 0.5, 0.02]))
+  means = jax.device_get(maze_rl.maze_success_means(counts, successes, estimate))
+  # Measured where rolled out, the estimate where SERA gave no rollouts.
+  np.testing.assert_allclose(means["reward/maze_mean"], (0.25 + 0.9 + 1.0 + 0.02) / 4, rtol=1e-6)
+  np.testing.assert_allclose(means["reward/active_maze_mean"], (0.25 + 1.0) / 2, rtol=1e-6)
+
+
 def test_bad_config_is_rejected():
   with pytest.raises(ValueError, match="method"):
     maze_rl.MazeTask(_config(method="ppo"))
@@ -65,6 +75,8 @@ def test_task_runs_with_static_shapes_and_resumes_exactly(sera_task):
   # The first RL epoch (2 steps) is uniform; later epochs allocate from estimates.
   assert [row["estimated_fraction"] for row in rl_rows[:3]] == [0.0, 0.0, 1.0]
   assert rl_rows[0]["rollouts/std"] == 0.0
+  # The allocation's p is the historical estimate (the Beta prior in the first RL epoch).
+  assert all("p_estimate/mean" in row and "p/mean" not in row for row in rl_rows)
   assert task._rl_step._cache_size() == 1  # counts changed, no retrace
   resumed = jax.tree.map(jnp.asarray, saved)
   for step in range(6, task.config.num_steps):

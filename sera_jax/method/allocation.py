@@ -467,9 +467,17 @@ def max_count(mode: str, *, baseline_n: int, n_max: int) -> int:
   return baseline_n if mode == "uniform" else n_max
 
 
-def rollout_metrics(alloc: Allocation, successes: jax.Array, log_p: jax.Array
-                    ) -> dict[str, jax.Array]:
-  """Per-step statistics of an allocation and of its groups' success counts [M]."""
+def rollout_metrics(alloc: Allocation, successes: jax.Array, log_p: jax.Array, *,
+                    estimated: bool = False) -> dict[str, jax.Array]:
+  """Per-step statistics of an allocation and of its groups' success counts [M].
+
+  Args:
+    alloc: the step's allocation.
+    successes: [M] successes of each prompt's group.
+    log_p: [M] the log p the allocation used.
+    estimated: log_p is an estimate (historical, pilot), not the true p: its
+      statistics are then named p_estimate/... and kappa_estimate/...
+  """
   active = alloc.active
   num_active = jnp.maximum(jnp.sum(active), 1)
   counts = alloc.counts.astype(jnp.float32)
@@ -479,6 +487,6 @@ def rollout_metrics(alloc: Allocation, successes: jax.Array, log_p: jax.Array
       "rollouts/std": jnp.std(counts), "active_fraction": jnp.mean(active),
       "useful_group_fraction": jnp.sum(mixed & active) / num_active,
       "all_zero_group_fraction": jnp.sum((successes == 0) & active) / num_active,
-      "p/mean": jnp.mean(jnp.exp(log_p)),
-      "kappa/target": alloc.target_fidelity,
+      ("p_estimate/mean" if estimated else "p/mean"): jnp.mean(jnp.exp(log_p)),
+      ("kappa_estimate/target" if estimated else "kappa/target"): alloc.target_fidelity,
   }

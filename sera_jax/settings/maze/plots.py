@@ -25,7 +25,7 @@ def plot_runs(runs: list[tuple[str, list[dict]]], path: str, *, window: int = 20
       last = evaluated[-1]
       ks = sorted(int(name.removeprefix("pass@")) for name in last if name.startswith("pass@"))
       right.plot(ks, [last[f"pass@{k}"] for k in ks], "o-", label=label)
-  left.set(xlabel="step", ylabel="success rate per active maze (smoothed)")
+  left.set(xlabel="step", ylabel="success rate per maze of the batch (smoothed)")
   right.set(xscale="log", xlabel="k", ylabel="pass@k (held-out mazes)")
   right.set_xscale("log", base=2)
   for axis in (left, right):

@@ -43,6 +43,29 @@ PASS_AT_K = tuple(2**i for i in range(9))  # 1, 2, 4, ..., 256
 _TRAIN_SET, _EVAL_SET, _WARMUP_ORDER, _RL_ORDER, _EVAL_KEY = range(5)
 
 
+def maze_success_means(counts: jax.Array, successes: jax.Array, log_p_estimate: jax.Array
+                       ) -> dict[str, jax.Array]:
+  """The step's success rate per maze, over the whole batch and over the mazes rolled out.
+
+  "reward/maze_mean" averages all M mazes, so every method is measured on the
+  same set: a maze with rollouts counts its observed rate successes / counts,
+  one without (SERA's inactive mazes) its success estimate exp(log_p_estimate).
+  "reward/active_maze_mean" averages only the mazes with rollouts.
+
+  Args:
+    counts: int [M] rollouts of each maze.
+    successes: [M] successes among them.
+    log_p_estimate: [M] the estimate of log p the allocation used.
+  """
+  rolled_out = counts > 0
+  observed = successes / jnp.maximum(counts, 1)
+  return {
+      "reward/maze_mean": jnp.mean(jnp.where(rolled_out, observed, jnp.exp(log_p_estimate))),
+      "reward/active_maze_mean": jnp.sum(jnp.where(rolled_out, observed, 0.0))
+                                 / jnp.maximum(jnp.sum(rolled_out), 1),
+  }
+
+
 class MazeState(NamedTuple):
   """Everything a maze run needs to resume exactly."""
   params: Any
@@ -275,13 +298,10 @@ class MazeTask:
     params, opt_state = self._apply(state, grads)
 
     group_successes = jnp.sum(group_rewards, axis=1)
-    # Active prompts have counts >= n_min >= 1.
-    success_rates = group_successes / jnp.maximum(alloc.counts, 1)
-    metrics = allocation.rollout_metrics(alloc, group_successes, log_p) | {
+    metrics = allocation.rollout_metrics(alloc, group_successes, log_p, estimated=True) | {
         "loss": loss,
         "reward/mean": jnp.mean(rewards),  # over rollouts: SERA weights hard mazes up
-        "reward/maze_mean": jnp.sum(jnp.where(alloc.active, success_rates, 0.0))
-                            / jnp.maximum(jnp.sum(alloc.active), 1),
+        **maze_success_means(alloc.counts, group_successes, log_p),
         "estimated_fraction": jnp.mean(has_estimate),
         "episode_length": jnp.mean(jnp.sum(in_episode, axis=1)),
     }
