@@ -55,3 +55,23 @@ def test_vmapped_seeds_equal_a_loop_over_seeds():
       np.testing.assert_allclose(vmapped[name].expected[seed], expected, atol=2e-5)
   # The oracle allocation does not depend on the seed, so neither does its expected gradient.
   assert np.ptp(vmapped["sera"].expected) == 0
+
+
+def test_a_methods_numbers_do_not_depend_on_the_methods_beside_it():
+  """Common random numbers: uniform MaxRL computed alone or padded beside SERA (a wider
+  width, one vmap over both) draws the same rollouts, so its cosines are the same."""
+  config = base_config()
+  config.batch_size = 16
+  task = ClassificationTask(config)
+  state = task.init_state(jax.random.PRNGKey(0))
+  batch = common.evaluation_batches(task.dataset, 16, 1)[0]
+  bounds = dict(baseline_n=4, n_min=2, n_max=32)
+  uniform = alignment.oracle_method(mode="uniform", **bounds)
+  sera = alignment.oracle_method(mode="sera", **bounds)
+  keys = alignment.seed_keys(0, 3)
+  alone = alignment.make_evaluator(task, {"uniform": uniform})(
+      state, batch.images, batch.labels, keys)
+  beside = alignment.make_evaluator(task, {"uniform": uniform, "sera": sera})(
+      state, batch.images, batch.labels, keys)
+  np.testing.assert_allclose(alone["uniform"].realized, beside["uniform"].realized, atol=1e-5)
+  np.testing.assert_allclose(alone["uniform"].expected, beside["uniform"].expected, atol=1e-5)

@@ -132,8 +132,9 @@ def test_log_uniform_after_an_all_zero_first_word_continues_the_uniform_law():
   draws = 400_000
   leading = jnp.zeros(draws, jnp.uint32)
   mantissa = jax.random.bits(jax.random.key(1), (draws,), jnp.uint32)
+  tail_words = lambda: jax.random.bits(jax.random.key(2), (draws, 3), jnp.uint32)  # noqa: E731
   log_u = np.asarray(gradients._log_uniform_from_bits(
-      leading, mantissa, jax.random.key(2), jnp.float32), np.float64)
+      leading, mantissa, tail_words, jnp.float32), np.float64)
   rescaled = log_u + 32 * np.log(2.0)
   assert rescaled.max() < 0
   assert abs(rescaled.mean() + 1) < 4 / np.sqrt(draws)
@@ -229,3 +230,21 @@ def test_a_static_width_compiles_once_for_every_count_pattern():
     counts = jnp.asarray([2, largest, 2, 3, 0, 4], jnp.int32)
     estimators.expected_scale("maxrl", log_p, counts, max_n=16)
   assert estimators._expected_scale._cache_size() == before + 1
+
+
+def test_a_slot_draws_the_same_whatever_the_width():
+  """Rollout j of prompt q depends on (key, q, j) only: a wider padding draws a superset."""
+  logits = jax.random.normal(jax.random.key(1), (6, 7))
+  labels = jnp.arange(6, dtype=jnp.int32)
+  counts = jnp.asarray([8, 3, 0, 8, 5, 1], jnp.int32)
+  key = jax.random.key(4)
+  narrow = gradients.sample_rollouts(key, logits, labels, counts, max_rollouts=8)
+  wide = gradients.sample_rollouts(key, logits, labels, counts, max_rollouts=40)
+  np.testing.assert_array_equal(wide.actions[:, :8], narrow.actions)
+  np.testing.assert_array_equal(wide.rewards[:, :8], narrow.rewards)
+  with jax.threefry_partitionable(False):  # whatever the global setting
+    legacy = gradients.sample_rollouts(key, logits, labels, counts, max_rollouts=8)
+  np.testing.assert_array_equal(legacy.actions, narrow.actions)
+  # A prompt's draws do not depend on the other prompts either.
+  alone = gradients.sample_rollouts(key, logits, labels, counts.at[1:].set(0), max_rollouts=8)
+  np.testing.assert_array_equal(alone.actions[0], narrow.actions[0])

@@ -130,9 +130,10 @@ def _cotangents(methods: Mapping[str, Method], keys, logits, labels, extras):
   Seed i allocates with split(keys[i])[0] (used only by random allocations)
   and samples with split(keys[i])[1], for every method (common random numbers).
   Methods with the same estimator are sampled in one vmap over (method, seed),
-  padded to their widest rollouts: padding is masked out and the draws of a
-  row are prefixes of a wider row's draws, so the result does not depend on
-  which methods share the call, and compilation is paid once per estimator.
+  padded to their widest rollouts: padding is masked out and slot j of prompt
+  q draws from (key, q, j) alone (`gradients.sample_rollouts`), so the result
+  does not depend on the width or on which methods share the call
+  (tests/test_alignment.py), and compilation is paid once per estimator.
   """
   allocation_keys, sample_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
   allocs = {name: _seed_allocations(method, allocation_keys, logits, labels, extras)

@@ -64,23 +64,33 @@ def log_uniform(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> ja
   """
   head_key, tail_key = jax.random.split(key)
   leading, mantissa = jax.random.bits(head_key, (2, *shape), jnp.uint32)
-  return _log_uniform_from_bits(leading, mantissa, tail_key, dtype)
+  tail_words = lambda: jax.random.bits(tail_key, (*shape, _TAIL_WORDS), jnp.uint32)  # noqa: E731
+  return _log_uniform_from_bits(leading, mantissa, tail_words, dtype)
 
 
-def _log_uniform_from_bits(leading, mantissa, tail_key, dtype):
-  """`log_uniform` from U's first 32 bits and 32 mantissa bits; the tail is drawn if needed."""
+def _log_uniform_from_bits(leading, mantissa, tail_words, dtype):
+  """`log_uniform` from U's first 32 bits and 32 mantissa bits.
+
+  `tail_words()` gives [..., _TAIL_WORDS] more words of U's expansion; it is
+  called (its draws made) only when some first word is all zeros.
+  """
   exhausted = leading == 0
-
-  def tail_zeros():
-    words = jax.random.bits(tail_key, (*leading.shape, _TAIL_WORDS), jnp.uint32)
-    return _leading_zeros(words)
-
-  tail = jax.lax.cond(jnp.any(exhausted), tail_zeros,
+  tail = jax.lax.cond(jnp.any(exhausted), lambda: _leading_zeros(tail_words()),
                       lambda: jnp.zeros(leading.shape, jnp.int32))
   zeros = (jax.lax.clz(leading).astype(jnp.int32) + jnp.where(exhausted, tail, 0)).astype(dtype)
   # v = 1/2 + m 2^-24 is exact in the dtype, so log v < 0 keeps every digit near U = 1.
   halves = 0.5 + (mantissa >> 9).astype(dtype) * (2.0**-24)
   return jnp.log(halves) - zeros * np.log(2.0).astype(dtype)
+
+
+def _slot_words(key: jax.Array, width: int, words: int) -> jax.Array:
+  """uint32 [width, words] for the slots of one prompt: row j depends on (key, j) only.
+
+  Under partitionable threefry (which `sample_rollouts` forces) the rows of a
+  [width, words] draw are counted in order, so a narrower width draws a prefix
+  of a wider one's rows.
+  """
+  return jax.random.bits(key, (width, words), jnp.uint32)
 
 
 def _sample_group(log_probs, label, count, log_u, label_u):
@@ -120,10 +130,19 @@ def sample_rollouts(key: jax.Array, logits: jax.Array, labels: jax.Array, counts
   max_rollouts = validation.static_width("counts", counts, "max_rollouts", max_rollouts,
                                          minimum=1)
   log_probs = jax.nn.log_softmax(logits, axis=-1)
-  shape = (logits.shape[0], max_rollouts)
-  reward_key, label_key = jax.random.split(key)
-  log_u = log_uniform(reward_key, shape, log_probs.dtype)
-  label_u = jax.random.uniform(label_key, shape, log_probs.dtype)
+  # Prompt q draws from fold_in(key, q), slot j from row j of that prompt's words: a
+  # (prompt, slot)'s randomness depends neither on the width nor on the other prompts
+  # (the figures' common random numbers rely on it), whatever the global threefry flag.
+  with jax.threefry_partitionable(True):
+    prompt_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
+        key, jnp.arange(logits.shape[0]))
+    head_keys, tail_keys = jax.vmap(jax.random.split, out_axes=1)(prompt_keys)
+    leading, mantissa, label_bits = jnp.moveaxis(
+        jax.vmap(_slot_words, in_axes=(0, None, None))(head_keys, max_rollouts, 3), -1, 0)
+    tail_words = lambda: jax.vmap(_slot_words, in_axes=(0, None, None))(  # noqa: E731
+        tail_keys, max_rollouts, _TAIL_WORDS)
+    log_u = _log_uniform_from_bits(leading, mantissa, tail_words, log_probs.dtype)
+  label_u = (label_bits >> 8).astype(log_probs.dtype) * (2.0**-24)  # Uniform[0, 1), 24 bits
   return jax.vmap(_sample_group)(log_probs, labels, counts, log_u, label_u)
 
 
