@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from sera_jax.harness import configs, train
+from sera_jax.settings.maze import env as maze_env
 from sera_jax.settings.maze import task as maze_rl
 
 
@@ -114,3 +115,28 @@ def test_train_loop_resumes_with_identical_metrics(sera_task, tmp_path):
   assert training_only(resumed) == training_only(uninterrupted)
   assert resumed[-1] == uninterrupted[-1] and "pass@256" in resumed[-1]
   assert (tmp_path / "b" / "maze.png").exists()
+
+
+def test_the_seed_orders_the_batches_and_data_seed_builds_the_mazes():
+  first, other_seed = maze_rl.MazeTask(_config(seed=0)), maze_rl.MazeTask(_config(seed=1))
+  orders = [[task._batch(i, 0)[0].tolist() for i in range(4)] for task in (first, other_seed)]
+  assert orders[0] != orders[1]
+  np.testing.assert_array_equal(first.train_mazes, other_seed.train_mazes)
+  np.testing.assert_array_equal(first.eval_mazes, other_seed.eval_mazes)
+
+
+def test_held_out_solutions_never_occur_in_training_and_the_replay_baseline_is_exact():
+  task = maze_rl.MazeTask(_config(num_eval_mazes=16, eval_batch_size=16))
+  max_steps = task.train_paths.shape[1]
+  held_paths = jax.vmap(lambda m: maze_env.shortest_path(m, max_steps)[0])(task.eval_mazes)
+  seen = {row.tobytes() for row in np.asarray(task.train_paths)}
+  assert not any(row.tobytes() in seen for row in np.asarray(held_paths))
+  assert 0 < task.held_out.seen_fraction < 1 and task.held_out.candidates >= 16
+  # Replaying training solutions never solves a maze whose only path is unseen...
+  np.testing.assert_array_equal(maze_rl.replay_pass_at_k(task.train_paths, task.eval_mazes), 0)
+  # ...and on the training mazes it is exact: p_m = (training mazes sharing m's path) / N.
+  paths = [row.tobytes() for row in np.asarray(task.train_paths)]
+  p = np.array([paths.count(row) / len(paths) for row in paths])
+  np.testing.assert_allclose(
+      maze_rl.replay_pass_at_k(task.train_paths, task.train_mazes, ks=(1, 4)),
+      [p.mean(), np.mean(1 - (1 - p) ** 4)], rtol=1e-6)

@@ -232,7 +232,7 @@ def write_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
 
 def per_seed_rows(columns: Mapping[str, Any], values, seeds: Sequence[int], ks: Sequence[int],
                   *, digits: int) -> list[dict[str, Any]]:
-  """One row per k: `columns`, k, the mean and std over seeds and each seed's value.
+  """One row per k: `columns`, k, the mean, std and 95% interval over seeds, each seed's value.
 
   Args:
     columns: the leading columns shared by the rows (e.g. {"method": "sera"}).
@@ -242,10 +242,12 @@ def per_seed_rows(columns: Mapping[str, Any], values, seeds: Sequence[int], ks: 
     digits: decimals written.
   """
   values = np.asarray(values)
+  means, halves = mean_interval(values, axis=0)
   number = lambda v: f"{v:.{digits}f}"  # noqa: E731
-  return [{**columns, "k": k, "mean": number(column.mean()), "std": number(column.std()),
-           **{f"seed{s}": number(v) for s, v in zip(seeds, column, strict=True)}}
-          for k, column in zip(ks, values.T, strict=True)]
+  return [{**columns, "k": k, "mean": number(mean), "std": number(column.std()),
+           "ci95": number(half), **{f"seed{s}": number(v) for s, v in zip(seeds, column,
+                                                                          strict=True)}}
+          for k, column, mean, half in zip(ks, values.T, means, halves, strict=True)]
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -24,10 +24,11 @@ import numpy as np
 from sera_jax.common.plots import plt
 from sera_jax.harness import configs, train
 from sera_jax.harness.figures import common
-from sera_jax.settings.maze.task import PASS_AT_K, MazeTask
+from sera_jax.settings.maze.task import PASS_AT_K, MazeTask, replay_pass_at_k
 
 NAME = "maze_passk"
 WARM_START = "warm start"
+MAZE_BLIND = "maze-blind"  # replays training solutions, whatever the maze
 
 
 def load_config(tiny: bool):
@@ -49,72 +50,109 @@ def warm_start_pass_at_k(config, seed: int) -> list[float]:
   return [scores[f"pass@{k}"] for k in PASS_AT_K]
 
 
-def write_csv(results: dict, seeds: list[int], path: pathlib.Path) -> None:
+def paired_differences(results: dict, seeds: list[int], baseline: str = "uniform") -> dict:
+  """{"M - baseline": [[difference per k] per seed]} for every RL method M beside the baseline."""
+  if baseline not in results:
+    return {}
+  reference = np.array([results[baseline][s] for s in seeds])
+  return {f"{method} - {baseline}": np.array([per_seed[s] for s in seeds]) - reference
+          for method, per_seed in results.items()
+          if method not in (baseline, WARM_START, MAZE_BLIND)}
+
+
+def write_csv(results: dict, seeds: list[int], path: str) -> None:
   rows = [row for method, per_seed in results.items()
           for row in common.per_seed_rows({"method": method}, [per_seed[s] for s in seeds],
                                            seeds, PASS_AT_K, digits=4)]
+  rows += [row for name, values in paired_differences(results, seeds).items()
+           for row in common.per_seed_rows({"method": name}, values, seeds, PASS_AT_K,
+                                           digits=4)]
   common.write_csv(path, rows)
 
 
-def plot(results: dict, seeds: list[int], config, path: pathlib.Path) -> None:
+def plot(results: dict, seeds: list[int], config, held_out, path: str) -> None:
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-  uniform = np.array([results["uniform"][s] for s in seeds]) if "uniform" in results else None
+  styles = {WARM_START: dict(linestyle="--", color="gray"),
+            MAZE_BLIND: dict(linestyle=":", color="black")}
   for method, per_seed in results.items():
     values = np.array([per_seed[s] for s in seeds])
-    style = dict(linestyle="--", color="gray") if method == WARM_START else {}
     left.errorbar(PASS_AT_K, values.mean(0), yerr=values.std(0), marker="o", capsize=3,
-                  label=method, **style)
-    if uniform is not None and method not in (WARM_START, "uniform"):
-      diff = values - uniform  # paired by seed: same warm start, same held-out mazes
-      right.errorbar(PASS_AT_K, diff.mean(0), yerr=diff.std(0), marker="o", capsize=3,
-                     label=f"{method} - uniform")
+                  label=method, **styles.get(method, {}))
+  for name, diff in paired_differences(results, seeds).items():
+    mean, half = common.mean_interval(diff, axis=0)
+    right.errorbar(PASS_AT_K, mean, yerr=half, marker="o", capsize=3, label=name)
   right.axhline(0.0, color="black", linewidth=0.8)
-  left.set(ylabel="pass@k (held-out mazes)")
-  right.set(ylabel="pass@k difference (paired by seed)")
+  left.set(ylabel="pass@k (held-out mazes, mean ± std)")
+  right.set(ylabel="pass@k difference, paired by seed (95% CI)")
   for axis in (left, right):
     axis.set_xscale("log", base=2)
     axis.set_xlabel("k")
     axis.grid(alpha=0.3)
-    axis.legend()
+    axis.legend(fontsize=8)
+  unseen = "unseen in training" if config.novel_eval_paths else "not filtered"
   fig.suptitle(f"{config.maze_size}x{config.maze_size} mazes, B = {config.batch_size} x "
                f"{config.baseline_n} rollouts/step, {config.num_steps - config.warmup_steps} RL "
-               f"steps, mean ± std over {len(seeds)} seeds")
+               f"steps, {len(seeds)} seeds; {config.num_eval_mazes} held-out mazes with paths "
+               f"{unseen} ({held_out.seen_fraction:.0%} of generated mazes share a training path)",
+               fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
 
 
+def _table(rows: dict[str, tuple[np.ndarray, np.ndarray]], *, signed: bool) -> str:
+  """A markdown table of "centre ± spread" per k, one row per name."""
+  number = "{:+.3f}" if signed else "{:.3f}"
+  lines = [f"| | {' | '.join(f'pass@{k}' for k in PASS_AT_K)} |",
+           f"|---|{'---|' * len(PASS_AT_K)}"]
+  for name, (centre, spread) in rows.items():
+    cells = " | ".join(f"{number.format(c)} ± {h:.3f}"
+                       for c, h in zip(centre, spread, strict=True))
+    lines.append(f"| {name} | {cells} |")
+  return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
   parser = common.figure_parser("maze", __doc__)
   parser.add_argument("--tiny", action="store_true", help="a small smoke run")
-  parser.add_argument("--seeds", type=int, default=3)
+  parser.add_argument("--seeds", type=int, default=5)
   parser.add_argument("--methods", nargs="+", default=["sera", "uniform", "grpo"])
   parser.add_argument("--workdir", default=None, help="default runs/maze_passk[_tiny]")
   args = parser.parse_args(argv)
   config = load_config(args.tiny)
   workdir = pathlib.Path(args.workdir or "runs/" + NAME + "_tiny" * args.tiny)
   seeds = list(range(args.seeds))
-  results = {WARM_START: {}} | {method: {} for method in args.methods}
   start = time.time()
+  task = MazeTask(config)
+  held_out = task.held_out
+  print(f"held-out: {config.num_eval_mazes} mazes from {held_out.candidates} generated; "
+        f"{held_out.seen_fraction:.1%} of those share their shortest path with a training maze",
+        flush=True)
+  blind = list(replay_pass_at_k(task.train_paths, task.eval_mazes))
+  results = {WARM_START: {}, MAZE_BLIND: dict.fromkeys(seeds, blind)}
+  results |= {method: {} for method in args.methods}
   for seed in seeds:
     config.seed = seed
     results[WARM_START][seed] = warm_start_pass_at_k(config, seed)
     for method in args.methods:
       config.method = method
-      rows = train.run(config, os.fspath(workdir / f"{method}-seed{seed}"))
+      run_dir = os.fspath(workdir / f"{method}-seed{seed}")
+      try:
+        train.check_same_run(config, run_dir)
+      except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+      rows = train.run(config, run_dir)
       last = [row for row in rows if "pass@1" in row][-1]
       results[method][seed] = [last[f"pass@{k}"] for k in PASS_AT_K]
       print(f"seed {seed} {method}: pass@1 {last['pass@1']:.3f}  pass@256 "
             f"{last['pass@256']:.3f}  ({time.time() - start:.0f} s)", flush=True)
   png, csv = common.output_paths(args.out, NAME + "_tiny" * args.tiny)
   write_csv(results, seeds, csv)
-  plot(results, seeds, config, png)
-  print(f"| method | {' | '.join(f'pass@{k}' for k in PASS_AT_K)} |")
-  print(f"|---|{'---|' * len(PASS_AT_K)}")
-  for method, per_seed in results.items():
-    values = np.array([per_seed[s] for s in seeds])
-    cells = " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in zip(values.mean(0), values.std(0),
-                                                            strict=True))
-    print(f"| {method} | {cells} |")
+  plot(results, seeds, config, held_out, png)
+  spread = {method: (np.mean(v := np.array([per_seed[s] for s in seeds]), 0), np.std(v, 0))
+            for method, per_seed in results.items()}
+  print(_table(spread, signed=False))
+  print("\npaired by seed, mean and 95% interval:")
+  print(_table({name: common.mean_interval(diff, axis=0)
+                for name, diff in paired_differences(results, seeds).items()}, signed=True))
   print(f"total {time.time() - start:.0f} s; wrote {png} and {csv}")
-

@@ -157,6 +157,70 @@ def _generate(key: jax.Array, count: int, size: int) -> jax.Array:
   return jax.vmap(lambda k: maze_env.generate(k, size))(jax.random.split(key, count))
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _generate_with_paths(key: jax.Array, count: int, size: int, max_steps: int
+                         ) -> tuple[jax.Array, jax.Array]:
+  mazes = _generate(key, count, size)
+  return mazes, jax.vmap(lambda m: maze_env.shortest_path(m, max_steps)[0])(mazes)
+
+
+class HeldOut(NamedTuple):
+  """The held-out mazes and how their solutions relate to the training solutions.
+
+  Attributes:
+    mazes: bool [num_eval_mazes, size, size].
+    candidates: mazes generated to find them.
+    seen_fraction: fraction of the candidates whose shortest-path action
+      sequence occurs among the training mazes' (what an unfiltered held-out
+      set of this size would share with training).
+  """
+  mazes: jax.Array
+  candidates: int
+  seen_fraction: float
+
+
+def held_out_mazes(key: jax.Array, count: int, size: int, max_steps: int,
+                   train_paths: jax.Array, *, novel: bool, chunk: int = 256,
+                   max_candidates: int = 1 << 16) -> HeldOut:
+  """`count` held-out mazes; with `novel`, only mazes whose solution no training maze shares.
+
+  A perfect maze has one shortest path, and a policy that replays training
+  solutions solves exactly the held-out mazes whose path it replays
+  (`replay_pass_at_k`); held-out mazes with unseen paths measure navigation,
+  not memory. Candidates are drawn in chunks from `key` (deterministic).
+
+  Raises:
+    ValueError: fewer than `count` novel mazes among `max_candidates`.
+  """
+  seen = {row.tobytes() for row in np.asarray(train_paths)}
+  kept, candidates, seen_count = [], 0, 0
+  while len(kept) < count:
+    if candidates >= max_candidates:
+      raise ValueError(
+          f"only {len(kept)} of {candidates} generated {size}x{size} mazes have a solution that "
+          f"no training maze shares; lower num_eval_mazes or num_train_mazes, or raise maze_size.")
+    mazes, paths = jax.device_get(_generate_with_paths(
+        jax.random.fold_in(key, candidates // chunk), chunk, size, max_steps))
+    repeated = np.array([row.tobytes() in seen for row in paths])
+    seen_count += int(repeated.sum())
+    candidates += chunk
+    kept.extend(mazes[~repeated] if novel else mazes)
+  return HeldOut(jnp.asarray(np.stack(kept[:count])), candidates, seen_count / candidates)
+
+
+def replay_pass_at_k(train_paths: jax.Array, mazes: jax.Array, ks=PASS_AT_K) -> np.ndarray:
+  """pass@k of the maze-blind replay policy: a training solution drawn uniformly (each
+  training maze's path at its training frequency), whatever the maze.
+
+  Its success probability on maze m is exact, p_m = mean_t reward(m, path_t),
+  and so is its pass@k = mean_m 1 - (1 - p_m)^k.
+  """
+  solves = jax.vmap(lambda maze: jax.vmap(lambda path: maze_env.reward(maze, path))(
+      train_paths))(mazes)
+  p = np.asarray(jnp.mean(solves, axis=1), np.float64)[:, None]
+  return np.mean(-np.expm1(np.asarray(ks)[None, :] * np.log1p(-np.minimum(p, 1.0))), axis=0)
+
+
 class MazeTask:
   """The `sera_jax.harness.train.Task` of maze navigation."""
 
@@ -169,13 +233,15 @@ class MazeTask:
     data_key = jax.random.PRNGKey(config.data_seed)
     self.train_mazes = _generate(jax.random.fold_in(data_key, _TRAIN_SET),
                                  config.num_train_mazes, config.maze_size)
-    self.eval_mazes = _generate(jax.random.fold_in(data_key, _EVAL_SET),
-                                config.num_eval_mazes, config.maze_size)
     self.train_paths, lengths = jax.vmap(
         lambda m: maze_env.shortest_path(m, max_steps))(self.train_mazes)
     if int(jnp.max(lengths)) > max_steps:
       raise ValueError(f"config.max_steps ({max_steps}) is shorter than a shortest path "
                        f"({int(jnp.max(lengths))} moves) of the training set.")
+    self.held_out = held_out_mazes(jax.random.fold_in(data_key, _EVAL_SET),
+                                   config.num_eval_mazes, config.maze_size, max_steps,
+                                   self.train_paths, novel=config.novel_eval_paths)
+    self.eval_mazes = self.held_out.mazes
     self.optimizer = _optimizer(config)
     self._warmup_step = jax.jit(self._warmup_step_fn)
     self._rl_step = jax.jit(self._rl_step_fn)
@@ -217,8 +283,10 @@ class MazeTask:
     config = self.config
     per_epoch = config.num_train_mazes // config.batch_size
     epoch, position = divmod(index, per_epoch)
-    permutation = np.random.default_rng([config.data_seed, order, epoch]).permutation(
-        config.num_train_mazes)
+    # The run's seed orders the batches (as it does for classification); data_seed
+    # only builds the mazes, which every seed and method shares.
+    permutation = np.random.default_rng(
+        [config.seed, config.data_seed, order, epoch]).permutation(config.num_train_mazes)
     ids = permutation[position * config.batch_size:(position + 1) * config.batch_size]
     return ids.astype(np.int32), position == 0 and epoch > 0
 
