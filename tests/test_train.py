@@ -106,6 +106,7 @@ def test_resume_without_checkpoint_and_changed_config(tmp_path):
   assert changed.returncode != 0 and "method" in changed.stderr
 
 
+@pytest.mark.slow
 def test_non_finite_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
   config = base_config()
   config.update(method="ce", learning_rate=1e30, warmup_steps=0, schedule="constant",
