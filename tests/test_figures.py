@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sera_jax.harness.figures import ablations, budget, common, scale
+from sera_jax.harness.figures import ablations, budget, common, maze, outcome, scale
 from sera_jax.method import success
 
 # Batches of 256 digits: 5 steps an epoch, so 10 steps give snapshots at steps 5 and 10.
@@ -109,3 +109,31 @@ def test_cli_figure_names_its_choices():
   from sera_jax.harness import cli
   with pytest.raises(SystemExit, match="budget, scale, ablations"):
     cli.main(["figure", "nope"])
+
+
+@pytest.mark.slow
+def test_training_outcome_smoke(tmp_path):
+  outcome.main(["--datasets", "digits", "--methods", "sera", "uniform", "--seeds", "0", "1",
+                "--num-steps", "digits=4", "--workdir-root", str(tmp_path / "runs"),
+                "--out", str(tmp_path)])
+  rows = _read_csv(tmp_path / "training_outcome.csv")
+  assert {(r["dataset"], r["method"]) for r in rows} == {("digits", "sera"), ("digits", "uniform")}
+  assert {"mean", "std", "ci95", "seed0", "seed1"} <= set(rows[0])
+  assert (tmp_path / "training_outcome.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_maze_figure_smoke(tmp_path, capsys):
+  maze.main(["--tiny", "--seeds", "2", "--methods", "sera", "uniform",
+             "--workdir", str(tmp_path / "runs"), "--out", str(tmp_path)])
+  rows = _read_csv(tmp_path / "maze_passk_tiny.csv")
+  methods = {r["method"] for r in rows}
+  assert methods == {"warm start", "maze-blind", "sera", "uniform", "sera - uniform"}
+  assert all(float(r["mean"]) == 0 for r in rows if r["method"] == "maze-blind")
+  for r in rows:
+    if r["method"] == "sera - uniform":
+      sera = next(x for x in rows if x["method"] == "sera" and x["k"] == r["k"])
+      uniform = next(x for x in rows if x["method"] == "uniform" and x["k"] == r["k"])
+      assert float(r["seed1"]) == pytest.approx(
+          float(sera["seed1"]) - float(uniform["seed1"]), abs=2e-4)
+  assert "share their shortest path" in capsys.readouterr().out

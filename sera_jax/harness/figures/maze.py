@@ -3,13 +3,16 @@
 For each seed, every method starts from the same supervised warm start (same
 seed, same steps) and then trains with the same rollout budget B = M * N0 per
 step; pass@k (k = 1, 2, ..., 256, unbiased, from 256 samples a maze) is
-measured on the held-out mazes after the warm start and at the end of RL.
+measured on the held-out mazes after the warm start and at the end of RL. The
+held-out mazes' shortest paths occur in no training maze, and `maze-blind`, a
+policy replaying training solutions, is the memorisation baseline (exact).
 
-  sera-jax figure maze            # CPU config, 3 methods x 3 seeds (~15 min)
-  sera-jax figure maze --tiny     # a smoke run (about 2 minutes for 2 seeds)
+  sera-jax figure maze            # CPU config, 3 methods x 5 seeds (~15 min)
+  sera-jax figure maze --tiny     # a smoke run (about 1.5 minutes for 2 seeds)
 
-Writes maze_passk.png and maze_passk.csv (mean and std over seeds, and every
-seed's value) into --out, and one training workdir per run under --workdir
+Writes maze_passk.png and maze_passk.csv (mean, std, 95% interval and every
+seed's value, and the paired differences to uniform) into --out, and one
+training workdir per run under --workdir
 (metrics.jsonl, TensorBoard, checkpoints; reruns resume). --tiny names its
 figure and CSV maze_passk_tiny and trains under runs/maze_passk_tiny.
 """
