@@ -5,7 +5,9 @@ import pathlib
 import pytest
 from absl import flags
 
-from sera_jax.harness import configs
+from sera_jax.harness import configs, train
+from sera_jax.settings.classification import task as classification_task
+from sera_jax.settings.maze import task as maze_task
 
 EXPERIMENT_CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "configs"
 
@@ -45,3 +47,31 @@ def test_train_flags_default_and_bad_override():
   assert configs.train_flags(["sera-jax train"]).config.dataset == "digits"
   with pytest.raises((flags.Error, AttributeError, KeyError)):
     configs.train_flags(["sera-jax train", "--config.batchsize=3"])
+
+
+@pytest.mark.parametrize("num_devices", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("name", configs.names())
+def test_every_shipped_config_passes_its_checks(name, num_devices):
+  config = configs.load(name)
+  if config.task == "classification":
+    classification_task.validate_config(config, num_devices)
+  else:
+    maze_task.validate_config(config)
+  train.validate_run_config(config)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"learning_rate": -1.0}, "config.learning_rate must be > 0"),
+    ({"checkpoint_every": 0}, "config.checkpoint_every must be >= 1"),
+    ({"num_steps": 0}, "config.num_steps must be >= 1"),
+    ({"num_steps": -3}, "config.num_steps must be >= 1"),
+    ({"eval_batch_size": 0}, "config.eval_batch_size must be >= 1"),
+    ({"momentum": 1.0}, "config.momentum must be < 1.0"),
+    ({"weight_decay": -1e-4}, "config.weight_decay must be >= 0.0"),
+])
+def test_impossible_values_are_rejected_before_anything_is_built(tmp_path, override, message):
+  config = configs.load("default")
+  config.update(override)
+  with pytest.raises(ValueError, match=message):
+    train.run(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()

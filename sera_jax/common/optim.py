@@ -12,6 +12,8 @@ SCHEDULES = ("constant", "cosine")
 def learning_rate_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
   """Linear warm-up over `warmup_steps`, then constant or cosine decay to 0."""
   validation.choice("config.schedule", config.schedule, SCHEDULES)
+  validation.real("config.learning_rate", config.learning_rate, positive=True)
+  validation.integer("config.warmup_steps", config.warmup_steps, minimum=0)
   if config.schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=config.learning_rate,
@@ -30,6 +32,9 @@ def make_optimizer(config: ml_collections.ConfigDict,
   given, learning_rate, schedule, warmup_steps and num_steps.
   """
   validation.choice("config.optimizer", config.optimizer, OPTIMIZERS)
+  validation.real("config.weight_decay", config.weight_decay, minimum=0.0)
+  if config.optimizer == "sgd":
+    validation.real("config.momentum", config.momentum, minimum=0.0, below=1.0)
   if schedule is None:
     schedule = learning_rate_schedule(config)
   if config.optimizer == "sgd":

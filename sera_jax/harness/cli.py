@@ -50,7 +50,7 @@ def train(argv: list[str]) -> None:
   try:
     training.check_same_run(config, workdir)
     rows = training.run(config, workdir, resume=values.resume)
-  except (ValueError, FileNotFoundError, training.NonFiniteError) as error:
+  except (ValueError, TypeError, FileNotFoundError, training.NonFiniteError) as error:
     raise SystemExit(f"error: {error}") from None
   if rows:
     print(json.dumps(rows[-1]))

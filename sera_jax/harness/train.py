@@ -32,6 +32,8 @@ import orbax.checkpoint as ocp
 import tqdm
 from tensorboardX import SummaryWriter
 
+from sera_jax.method import validation
+
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -47,6 +49,16 @@ class Task(Protocol):
 
 class NonFiniteError(FloatingPointError):
   """Raised when a step produced NaN or inf; the last good checkpoint is kept."""
+
+
+def validate_run_config(config: ml_collections.ConfigDict) -> None:
+  """Rejects the loop's keys with impossible values before a task is built or compiled."""
+  validation.integer("config.seed", config.seed)
+  validation.integer("config.num_steps", config.num_steps, minimum=1)
+  validation.integer("config.checkpoint_every", config.checkpoint_every, minimum=1)
+  validation.integer("config.checkpoints_to_keep", config.get("checkpoints_to_keep", 2),
+                     minimum=1)
+  validation.integer("config.eval_every", config.eval_every, minimum=0)
 
 
 def build_task(config: ml_collections.ConfigDict) -> Task:
@@ -128,6 +140,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     resume: require a checkpoint to resume from (error if there is none).
     task: a prebuilt task (default: `build_task(config)`).
   """
+  validate_run_config(config)
   task = task or build_task(config)
   is_writer = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)

@@ -88,6 +88,31 @@ def integer(name: str, value: Any, *, minimum: int | None = None) -> int:
   return value
 
 
+def real(name: str, value: Any, *, minimum: float | None = None, positive: bool = False,
+         below: float | None = None) -> float:
+  """Returns `value` as a float, checking it is a finite number in the allowed range.
+
+  Args:
+    name: the argument's name in the message.
+    value: the value.
+    minimum: the least allowed value, if any.
+    positive: require value > 0.
+    below: an exclusive upper bound, if any.
+  """
+  if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+    raise TypeError(f"{name} must be a number; got {value!r} ({type(value).__name__}).")
+  value = float(value)
+  if not np.isfinite(value):
+    raise ValueError(f"{name} must be finite; got {value}.")
+  if positive and value <= 0:
+    raise ValueError(f"{name} must be > 0; got {value}.")
+  if minimum is not None and value < minimum:
+    raise ValueError(f"{name} must be >= {minimum}; got {value}.")
+  if below is not None and value >= below:
+    raise ValueError(f"{name} must be < {below}; got {value}.")
+  return value
+
+
 def choice(name: str, value: Any, allowed: Sequence[str]) -> str:
   """Checks `value` is one of `allowed`."""
   if value not in allowed:

@@ -30,6 +30,6 @@ def get_config():
   config.weight_decay = 1e-4
   config.schedule = "cosine"
   config.eval_every = steps_per_epoch
-  config.eval_batch_size = 250
+  config.eval_batch_size = 256  # divisible by every power-of-two device count up to 256
   config.checkpoint_every = 1000
   return config

@@ -46,6 +46,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None
   validation.choice("config.method", config.method, METHODS)
   validation.choice("config.estimator", config.estimator, estimators.ESTIMATORS)
   validation.integer("config.batch_size", config.batch_size, minimum=1)
+  validation.integer("config.eval_batch_size", config.eval_batch_size, minimum=1)
   validation.integer("config.align_every", config.align_every, minimum=1)
   allocation._check_bounds(config.baseline_n, config.n_min, config.n_max)
   validation.in_unit_interval("config.threshold", config.threshold)

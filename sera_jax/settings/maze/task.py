@@ -137,6 +137,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
     raise ValueError(f"config.microbatches ({microbatches}) must divide the rollout budget "
                      f"batch_size * baseline_n = {batch * config.baseline_n}.")
   validation.choice("config.optimizer", config.optimizer, optim.OPTIMIZERS)
+  for name in ("learning_rate", "warmup_learning_rate", "grad_clip_norm"):
+    validation.real(f"config.{name}", config[name], positive=True)
   validation.integer("config.eval_samples", config.eval_samples, minimum=max(PASS_AT_K))
   eval_batch = validation.integer("config.eval_batch_size", config.eval_batch_size, minimum=1)
   if config.num_eval_mazes % eval_batch:
