@@ -14,6 +14,7 @@ import orbax.checkpoint as ocp
 import pytest
 import tensorflow_datasets as tfds
 
+from sera_jax.common.tf import tensorflow
 from sera_jax.harness import cli, configs, train
 from sera_jax.harness.configs.base import classification as base_config
 from sera_jax.settings.classification.task import validate_config
@@ -176,3 +177,16 @@ def test_a_non_finite_update_is_never_saved_as_the_last_good_checkpoint(tmp_path
         jax.random.PRNGKey(0))))
   assert not train.non_finite_leaves(restored)
   assert [row["step"] for row in train.read_metrics(str(tmp_path))] == [0, 1]
+
+
+def test_tensorboard_events_read_back_with_the_logged_scalars(tmp_path):
+  config = ml_collections.ConfigDict(dict(task="toy", method="toy", seed=0, num_steps=4,
+                                          eval_every=0, checkpoint_every=4))
+  rows = train.run(config, str(tmp_path), task=_PoisonedUpdateTask(poison_step=-1))
+  tf = tensorflow()
+  logged = {}
+  for path in tf.io.gfile.glob(str(tmp_path / train.TENSORBOARD_DIR / "events.out.tfevents*")):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        logged[value.tag, event.step] = float(tf.make_ndarray(value.tensor))
+  assert logged == {("loss", row["step"]): pytest.approx(row["loss"]) for row in rows}

@@ -30,13 +30,14 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import tqdm
-from tensorboardX import SummaryWriter
 
+from sera_jax.common.tf import tensorflow
 from sera_jax.method import validation
 
 METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
+TENSORBOARD_DIR = "tensorboard"
 PROGRESS_KEYS = ("cos/sera_expected", "cos/uniform_expected", "loss", "accuracy", "pass@1")
 
 
@@ -45,6 +46,22 @@ class Task(Protocol):
   def train_step(self, state: Any, step: int) -> tuple[Any, Mapping[str, jax.Array]]: ...
   def evaluate(self, state: Any) -> dict[str, float]: ...
   def write_figures(self, workdir: str, rows: list[dict]) -> None: ...
+
+
+class TensorBoardWriter:
+  """Scalars into TensorBoard event files with tf.summary (a local path or a gs:// URL)."""
+
+  def __init__(self, logdir: str):
+    self._tf = tensorflow()
+    self._writer = self._tf.summary.create_file_writer(logdir)
+
+  def write(self, step: int, scalars: Mapping[str, float]) -> None:
+    with self._writer.as_default(step=step):
+      for name, value in scalars.items():
+        self._tf.summary.scalar(name, value)
+
+  def close(self) -> None:
+    self._writer.close()
 
 
 class NonFiniteError(FloatingPointError):
@@ -159,8 +176,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
   if is_writer:
     with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
       f.write(config.to_json_best_effort(indent=2))
-  writer = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=start) if is_writer \
-      else None
+  writer = TensorBoardWriter(os.path.join(workdir, TENSORBOARD_DIR)) if is_writer else None
   metrics_file = open(os.path.join(workdir, METRICS_FILE), "a") if is_writer else None  # noqa: SIM115
   progress = tqdm.tqdm(range(start, config.num_steps), initial=start, total=config.num_steps,
                        desc=f"{config.task}/{config.get('method', '')}", disable=not is_writer,
@@ -185,9 +201,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
       if is_writer:
         metrics_file.write(json.dumps(row) + "\n")
         metrics_file.flush()
-        for name, value in row.items():
-          if name != "step":
-            writer.add_scalar(name, value, step)
+        writer.write(step, {name: value for name, value in row.items() if name != "step"})
         rows.append(row)
         progress.set_postfix({k.split("/")[-1]: f"{row[k]:.3f}" for k in PROGRESS_KEYS if k in row},
                              refresh=False)

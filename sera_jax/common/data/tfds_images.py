@@ -18,16 +18,15 @@ consecutive steps reuse one open iterator.
 TensorFlow is imported lazily and never sees the GPUs (JAX owns them).
 """
 
-import functools
 import math
 import os
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from sera_jax.common.data.base import Batch, host_batch_size
+from sera_jax.common.tf import tensorflow
 from sera_jax.method import validation
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -39,16 +38,9 @@ EVAL_PREPROCESSINGS = ("center_crop", "resize")
 _CENTER_CROP_FRACTION = 224 / 256
 
 
-@functools.cache
 def _tensorflow() -> tuple[Any, Any]:
-  """Imports (tensorflow, tensorflow_datasets) with every GPU hidden from TensorFlow."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  try:
-    tf.config.set_visible_devices([], "GPU")
-  except RuntimeError:  # TensorFlow already initialised its devices elsewhere.
-    if tf.config.get_visible_devices("GPU"):
-      warnings.warn("TensorFlow was initialised before sera_jax.data could hide the GPUs; it "
-                    "may reserve GPU memory that JAX needs.", stacklevel=3)
+  """(tensorflow with the GPUs hidden, tensorflow_datasets)."""
+  tf = tensorflow()
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   return tf, tfds
 
