@@ -190,3 +190,14 @@ def test_tensorboard_events_read_back_with_the_logged_scalars(tmp_path):
       for value in event.summary.value:
         logged[value.tag, event.step] = float(tf.make_ndarray(value.tensor))
   assert logged == {("loss", row["step"]): pytest.approx(row["loss"]) for row in rows}
+
+
+def test_profile_steps_write_a_trace_into_the_workdir(tmp_path):
+  config = base_config()
+  config.update(num_steps=5, eval_every=0, checkpoint_every=5, profile_steps="1:4")
+  train.run(config, str(tmp_path))
+  traces = list((tmp_path / train.PROFILE_DIR).rglob("*.xplane.pb"))
+  assert len(traces) == 1 and traces[0].stat().st_size > 0
+  config.profile_steps = "4:9"
+  with pytest.raises(ValueError, match="profile_steps must be 'A:B'"):
+    train.validate_run_config(config)

@@ -38,6 +38,7 @@ METRICS_FILE = "metrics.jsonl"
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
+PROFILE_DIR = "profile"
 PROGRESS_KEYS = ("cos/sera_expected", "cos/uniform_expected", "loss", "accuracy", "pass@1")
 
 
@@ -76,6 +77,20 @@ def validate_run_config(config: ml_collections.ConfigDict) -> None:
   validation.integer("config.checkpoints_to_keep", config.get("checkpoints_to_keep", 2),
                      minimum=1)
   validation.integer("config.eval_every", config.eval_every, minimum=0)
+  profile_steps(config)
+
+
+def profile_steps(config: ml_collections.ConfigDict) -> range:
+  """The steps to trace, from config.profile_steps "A:B" (A <= step < B); "" traces none."""
+  spec = config.get("profile_steps", "")
+  if not spec:
+    return range(0)
+  first, sep, stop = spec.partition(":")
+  valid = sep and first.isdigit() and stop.isdigit()
+  if not (valid and int(first) < int(stop) <= config.num_steps):
+    raise ValueError(f"config.profile_steps must be 'A:B' with 0 <= A < B <= num_steps "
+                     f"({config.num_steps}); got {spec!r}.")
+  return range(int(first), int(stop))
 
 
 def build_task(config: ml_collections.ConfigDict) -> Task:
@@ -182,9 +197,17 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
                        desc=f"{config.task}/{config.get('method', '')}", disable=not is_writer,
                        dynamic_ncols=True)
   last_saved = start
+  traced, tracing = profile_steps(config), False
   try:
     for step in progress:
+      if step in traced and not tracing:  # (a resumed run traces the rest of the window)
+        jax.profiler.start_trace(os.path.join(workdir, PROFILE_DIR))
+        tracing = True
       state, step_metrics = task.train_step(state, step)
+      if tracing and step == traced.stop - 1:
+        jax.block_until_ready(state)
+        jax.profiler.stop_trace()
+        tracing = False
       row = {"step": step} | _to_floats(step_metrics)
       # The metrics describe the state before the update; the new state is checked
       # itself, so a poisoned update is never saved as a good checkpoint.
@@ -209,6 +232,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
         manager.save(done, args=ocp.args.StandardSave(state))
         last_saved = done
   finally:
+    if tracing:
+      jax.profiler.stop_trace()
     manager.wait_until_finished()
     manager.close()
     progress.close()

@@ -44,6 +44,7 @@ def classification() -> ml_collections.ConfigDict:
   config.eval_batch_size = 256
   config.checkpoint_every = 100
   config.checkpoints_to_keep = 2
+  config.profile_steps = ""  # "A:B": a jax.profiler trace of steps A..B-1 in workdir/profile
   return config
 
 

@@ -56,5 +56,6 @@ def get_config():
   config.eval_batch_size = 16
   config.checkpoint_every = 100
   config.checkpoints_to_keep = 2
+  config.profile_steps = ""  # "A:B": a jax.profiler trace of steps A..B-1 in workdir/profile
   config.lock()
   return config
