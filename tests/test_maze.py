@@ -200,3 +200,15 @@ def test_flat_rollouts_match_grouped_api(policy_setup):
                                                       jax.random.PRNGKey(7))
   grouped = log_prob(params, mazes[maze_ids], actions[:, None])[:, 0]
   np.testing.assert_allclose(sampled, grouped, rtol=1e-5, atol=1e-4)
+
+
+def test_sampling_a_buffer_in_chunks_draws_what_sampling_it_at_once_does(policy_setup):
+  policy, params, mazes, _ = policy_setup
+  maze_ids = jnp.asarray([0, 0, 1, 2, 2, 2, 1, 0])
+  key = jax.random.PRNGKey(3)
+  whole = policy.sample_rollouts(params, mazes, maze_ids, key)
+  rollout_ids = jnp.arange(8)
+  halves = [policy.sample_rollouts(params, mazes, maze_ids[part], key, rollout_ids[part])
+            for part in (slice(0, 4), slice(4, 8))]
+  np.testing.assert_array_equal(whole[0], jnp.concatenate([h[0] for h in halves]))
+  np.testing.assert_allclose(whole[1], jnp.concatenate([h[1] for h in halves]), rtol=1e-6)

@@ -49,7 +49,7 @@ def get_config():
   config.momentum = 0.9  # sgd only
   config.weight_decay = 0.0
   config.grad_clip_norm = 1.0
-  config.microbatches = 1  # gradient accumulation chunks of the B rollouts
+  config.microbatches = 1  # chunks of the B rollouts, sampled and differentiated in turn
   # Evaluation and checkpoints.
   config.eval_every = 320
   config.eval_samples = 256

@@ -230,16 +230,21 @@ class MazePolicy:
     return jnp.sum(jnp.where(in_episode, chosen, 0.0), axis=-1)
 
   def sample_rollouts(self, params: dict, mazes: jax.Array, maze_ids: jax.Array,
-                      key: jax.Array) -> tuple[jax.Array, jax.Array]:
+                      key: jax.Array, rollout_ids: jax.Array | None = None
+                      ) -> tuple[jax.Array, jax.Array]:
     """Samples flat rollouts at temperature 1 with a key/value cache.
 
     After the episode ends the sequence is padded with DONE, which is not scored.
+    Rollout r draws its step-t action from fold_in(fold_in(key, rollout_ids[r]), t),
+    so sampling a buffer in chunks (with the chunks' ids) draws what sampling it
+    at once does.
 
     Args:
       params: parameters.
       mazes: bool [M, size, size].
       maze_ids: int [R], the maze of each rollout.
       key: PRNG key.
+      rollout_ids: int [R], each rollout's index in its buffer (default 0..R-1).
 
     Returns:
       (actions int32 [R, T], log-probabilities float32 [R]) with log-probabilities
@@ -251,6 +256,8 @@ class MazePolicy:
     rollout_mazes = mazes[maze_ids]
     patterns = _open_patterns(rollout_mazes)
     rollouts = maze_ids.shape[0]
+    rollout_ids = jnp.arange(rollouts) if rollout_ids is None else rollout_ids
+    rollout_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, rollout_ids)
     cache = [(jnp.zeros((rollouts, self.max_steps) + k.shape[2:], k.dtype),) * 2
              for k, _ in maze_kv]
 
@@ -259,7 +266,8 @@ class MazePolicy:
       tokens = network.action_tokens(patterns, previous[:, None], square[:, None], step[None])
       logits, cache = network.action_logits(maze_kv, tokens, step[None], cache)
       log_probs = jax.nn.log_softmax(logits[:, 0])
-      drawn = jax.random.categorical(jax.random.fold_in(key, step), log_probs)
+      step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(rollout_keys, step)
+      drawn = jax.vmap(jax.random.categorical)(step_keys, log_probs)
       action = jnp.where(ended, maze_env.DONE, drawn)
       chosen = jnp.take_along_axis(log_probs, action[:, None], axis=1)[:, 0]
       log_prob = log_prob + jnp.where(ended, 0.0, chosen)

@@ -336,7 +336,7 @@ class MazeTask:
     mazes = self.train_mazes[ids]
     prompt, slot = rollout_layout(alloc.counts, budget)
     key = jax.random.fold_in(state.rng, step)
-    actions, log_probs = self.policy.sample_rollouts(state.params, mazes, prompt, key)
+    actions, log_probs = self._sample(state.params, mazes, prompt, key)
     rewards = jax.vmap(maze_env.reward)(mazes[prompt], actions)
     in_episode = jax.vmap(maze_env.episode_mask)(mazes[prompt], actions)
     padded = lambda flat: jnp.zeros((num_prompts, width), flat.dtype).at[prompt, slot].set(flat)  # noqa: E731
@@ -377,6 +377,20 @@ class MazeTask:
     }
     state = MazeState(params, opt_state, state.rng, historical)
     return state, metrics
+
+  def _sample(self, params, mazes: jax.Array, prompt: jax.Array, key: jax.Array
+              ) -> tuple[jax.Array, jax.Array]:
+    """The B flat rollouts, sampled config.microbatches chunks at a time (`jax.lax.map`).
+
+    Only B / microbatches rollouts' decoding cache and logits exist at once; each
+    rollout draws from its own index, so the draws do not depend on the chunking.
+    """
+    chunks = self.config.microbatches
+    split = lambda x: x.reshape(chunks, -1)  # noqa: E731
+    actions, log_probs = jax.lax.map(
+        lambda chunk: self.policy.sample_rollouts(params, mazes, chunk[0], key, chunk[1]),
+        (split(prompt), split(jnp.arange(prompt.shape[0]))))
+    return actions.reshape(prompt.shape[0], -1), log_probs.reshape(-1)
 
   def _eval_successes_fn(self, params, mazes: jax.Array, key: jax.Array) -> jax.Array:
     """Successes among config.eval_samples samples of each maze, int32 [len(mazes)]."""
