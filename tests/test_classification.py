@@ -232,6 +232,7 @@ def test_a_static_width_compiles_once_for_every_count_pattern():
   assert estimators._expected_scale._cache_size() == before + 1
 
 
+@pytest.mark.slow
 def test_a_slot_draws_the_same_whatever_the_width():
   """Rollout j of prompt q depends on (key, q, j) only: a wider padding draws a superset."""
   logits = jax.random.normal(jax.random.key(1), (6, 7))

@@ -202,6 +202,7 @@ def test_flat_rollouts_match_grouped_api(policy_setup):
   np.testing.assert_allclose(sampled, grouped, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_sampling_a_buffer_in_chunks_draws_what_sampling_it_at_once_does(policy_setup):
   policy, params, mazes, _ = policy_setup
   maze_ids = jnp.asarray([0, 0, 1, 2, 2, 2, 1, 0])

@@ -80,9 +80,11 @@ def test_killed_and_resumed_run_writes_the_same_metrics(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--config.batchsize=3"], "batchsize"),
-    (["--config.n_min=9"], "n_min must be <= baseline_n"),
-    (["--config.n_max=4"], "baseline_n must be <= n_max"),
-    (["--config.method=ppo"], "config.method must be one of"),
+    # Each case is a subprocess; the fast tier keeps one, the in-process checks cover the rest.
+    pytest.param(["--config.n_min=9"], "n_min must be <= baseline_n", marks=pytest.mark.slow),
+    pytest.param(["--config.n_max=4"], "baseline_n must be <= n_max", marks=pytest.mark.slow),
+    pytest.param(["--config.method=ppo"], "config.method must be one of",
+                 marks=pytest.mark.slow),
 ])
 def test_bad_config_is_rejected_before_compiling(tmp_path, args, message):
   result = _cli("train", f"--workdir={tmp_path}/run", *args)
@@ -192,6 +194,7 @@ def test_tensorboard_events_read_back_with_the_logged_scalars(tmp_path):
   assert logged == {("loss", row["step"]): pytest.approx(row["loss"]) for row in rows}
 
 
+@pytest.mark.slow
 def test_profile_steps_write_a_trace_into_the_workdir(tmp_path):
   config = base_config()
   config.update(num_steps=5, eval_every=0, checkpoint_every=5, profile_steps="1:4")
