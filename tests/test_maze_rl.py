@@ -9,6 +9,7 @@ import pytest
 
 from sera_jax.harness import configs, train
 from sera_jax.settings.maze import env as maze_env
+from sera_jax.settings.maze import plots as maze_plots
 from sera_jax.settings.maze import task as maze_rl
 
 
@@ -140,3 +141,10 @@ def test_held_out_solutions_never_occur_in_training_and_the_replay_baseline_is_e
   np.testing.assert_allclose(
       maze_rl.replay_pass_at_k(task.train_paths, task.train_mazes, ks=(1, 4)),
       [p.mean(), np.mean(1 - (1 - p) ** 4)], rtol=1e-6)
+
+
+def test_the_maze_figure_of_run_rows(tmp_path):
+  rows = [{"step": s, "reward/maze_mean": s / 10} for s in range(10)]
+  rows[-1] |= {f"pass@{k}": 0.1 * i for i, k in enumerate(maze_rl.PASS_AT_K)}
+  maze_plots.plot_runs([("sera", rows), ("uniform", rows[:5])], str(tmp_path / "maze.png"))
+  assert (tmp_path / "maze.png").stat().st_size > 0
