@@ -204,3 +204,10 @@ def test_profile_steps_write_a_trace_into_the_workdir(tmp_path):
   config.profile_steps = "4:9"
   with pytest.raises(ValueError, match="profile_steps must be 'A:B'"):
     train.validate_run_config(config)
+
+
+def test_a_url_workdir_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  with pytest.raises(ValueError, match="workdir gs://nonexistent/x: URL workdirs"):
+    train.run(base_config(), "gs://nonexistent/x")
+  assert not list(tmp_path.iterdir())

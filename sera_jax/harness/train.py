@@ -173,6 +173,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     task: a prebuilt task (default: `build_task(config)`).
   """
   validate_run_config(config)
+  if "://" in str(workdir):
+    raise ValueError(
+        f"workdir {workdir}: URL workdirs are not supported yet (run files are written with "
+        f"local file I/O); give a local path or a shared-filesystem mount (on GCP, a gcsfuse "
+        f"mount of the bucket).")
   task = task or build_task(config)
   is_writer = jax.process_index() == 0
   os.makedirs(workdir, exist_ok=True)
