@@ -50,7 +50,7 @@ class Task(Protocol):
 
 
 class TensorBoardWriter:
-  """Scalars into TensorBoard event files with tf.summary (a local path or a gs:// URL)."""
+  """Scalars into TensorBoard event files with tf.summary (whose files also reach gs:// URLs)."""
 
   def __init__(self, logdir: str):
     self._tf = tensorflow()
@@ -113,21 +113,28 @@ def read_metrics(workdir: str) -> list[dict]:
     return [json.loads(line) for line in f if line.strip()]
 
 
+def _is_floating(leaf) -> bool:
+  return jnp.issubdtype(jnp.result_type(leaf), jnp.inexact)
+
+
 @jax.jit
-def _finite_flags(leaves: list[jax.Array]) -> jax.Array:
-  return jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves])
+def _finite_flags(state: Any) -> jax.Array:
+  """bool [number of floating leaves]: each floating leaf of `state` is all finite."""
+  return jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(state)
+                    if _is_floating(leaf)] or [jnp.bool_(True)])
 
 
 def non_finite_leaves(state: Any) -> list[str]:
-  """The paths of the floating leaves of `state` that hold NaN or inf (one device sync)."""
-  paths, leaves = [], []
-  for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
-    if jnp.issubdtype(jnp.result_type(leaf), jnp.inexact):
-      paths.append("state" + jax.tree_util.keystr(path))
-      leaves.append(leaf)
-  if not leaves:
+  """The paths of the floating leaves of `state` that hold NaN or inf (one device sync).
+
+  The paths are named only when some leaf is bad, so the per-step check costs one
+  jitted reduction over the state.
+  """
+  flags = jax.device_get(_finite_flags(state))
+  if flags.all():
     return []
-  flags = jax.device_get(_finite_flags(leaves))
+  paths = ["state" + jax.tree_util.keystr(path)
+           for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0] if _is_floating(leaf)]
   return [path for path, finite in zip(paths, flags, strict=True) if not finite]
 
 
