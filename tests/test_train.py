@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import gcs_double
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -14,8 +15,9 @@ import orbax.checkpoint as ocp
 import pytest
 import tensorflow_datasets as tfds
 
+from sera_jax.common import files
 from sera_jax.common.tf import tensorflow
-from sera_jax.harness import cli, configs, train
+from sera_jax.harness import cli, configs, sweep, train
 from sera_jax.harness.configs.base import classification as base_config
 from sera_jax.settings.classification.task import validate_config
 
@@ -58,24 +60,53 @@ def test_align_every_skips_the_alignment_metrics(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_and_resumed_run_writes_the_same_metrics(tmp_path):
-  steps = ["--config.num_steps=12", "--config.checkpoint_every=3", "--config.eval_every=4",
-           "--config.batch_size=16"]
+def test_a_bucket_run_killed_resumed_plotted_and_skipped_by_sweep(tmp_path, monkeypatch):
+  """gs:// served by a filesystem double (tests/gcs_double.py) through the code a bucket uses.
+
+  The sweep's one run trains into the bucket, is SIGKILLed after a checkpoint and resumed;
+  its rows equal an uninterrupted local run's, `sera-jax plot` reads it and writes into the
+  bucket, and the sweep then skips it as finished. Nothing lands in the current directory.
+  """
+  root, cwd = str(tmp_path / "storage"), tmp_path / "cwd"
+  cwd.mkdir()
+  monkeypatch.chdir(cwd)
+  grid = [arg for key in ("num_steps=12", "checkpoint_every=3", "eval_every=4", "batch_size=16")
+          for arg in ("--grid", key)] + ["--workdir-root", "gs://bucket/sweep"]
+  (run,) = sweep.expand([sweep.parse_axis(spec) for spec in grid[1:-2:2]], "gs://bucket/sweep")
+  args = run.train_args("default")
   reference = str(tmp_path / "reference")
-  assert _cli("train", f"--workdir={reference}", *steps).returncode == 0
-  killed = str(tmp_path / "killed")
-  process = subprocess.Popen([sys.executable, "-m", "sera_jax.harness.cli", "train",
-                              f"--workdir={killed}", *steps],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  deadline = time.time() + 300
-  while len(train.read_metrics(killed)) < 7 and time.time() < deadline:
-    time.sleep(0.05)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  assert len(train.read_metrics(killed)) < 12, "the run finished before it could be killed"
-  resumed = _cli("train", f"--workdir={killed}", "--resume", *steps)
+  under_double = [sys.executable, gcs_double.__file__, root, "train"]
+  uninterrupted = subprocess.Popen([*under_double, *args[:-1], f"--workdir={reference}"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  killed = subprocess.Popen([*under_double, *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+  with gcs_double.serve(root):
+    deadline = time.time() + 300
+    while len(train.read_metrics(run.workdir)) < 7 and time.time() < deadline:
+      time.sleep(0.05)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert len(train.read_metrics(run.workdir)) < 12, "the run finished before it was killed"
+  resumed = subprocess.run([*under_double, *args, "--resume"], capture_output=True, text=True,
+                           timeout=600)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
-  assert train.read_metrics(killed) == train.read_metrics(reference)
+  assert uninterrupted.wait(timeout=600) == 0
+  with gcs_double.serve(root):
+    assert train.read_metrics(run.workdir) == train.read_metrics(reference)
+    workdir = files.path(run.workdir)
+    assert str(workdir).startswith("gs://bucket/sweep/")
+    assert {path.name for path in workdir.iterdir()} == {
+        "metrics.jsonl", "config.json", "checkpoints", "tensorboard", "alignment.png"}
+    assert (workdir / "checkpoints" / "12").is_dir()
+    assert len(list((workdir / "tensorboard").iterdir())) == 2  # one event file per leg
+    cli.main(["plot", run.workdir, "--out", "gs://bucket/figures/run.png"])
+    assert (files.path("gs://bucket/figures/run.png").stat().length > 10_000
+            and files.path("gs://bucket/figures/run.csv").exists())
+    trained = []
+    sweep.main(grid, trained.append)
+    assert trained == []  # finished: skipped
+  assert (tmp_path / "storage" / "bucket" / "sweep").is_dir()  # the double's bucket got it all
+  assert not list(cwd.iterdir())
 
 
 @pytest.mark.parametrize("args,message", [
@@ -204,10 +235,3 @@ def test_profile_steps_write_a_trace_into_the_workdir(tmp_path):
   config.profile_steps = "4:9"
   with pytest.raises(ValueError, match="profile_steps must be 'A:B'"):
     train.validate_run_config(config)
-
-
-def test_a_url_workdir_is_refused_before_anything_is_written(tmp_path, monkeypatch):
-  monkeypatch.chdir(tmp_path)
-  with pytest.raises(ValueError, match="workdir gs://nonexistent/x: URL workdirs"):
-    train.run(base_config(), "gs://nonexistent/x")
-  assert not list(tmp_path.iterdir())

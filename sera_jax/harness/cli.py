@@ -21,6 +21,7 @@ import sys
 
 from absl import flags
 
+from sera_jax.common import files
 from sera_jax.harness import configs
 
 USAGE = __doc__.replace("CONFIGS", ", ".join(configs.names()))
@@ -52,6 +53,8 @@ def train(argv: list[str]) -> None:
     rows = training.run(config, workdir, resume=values.resume)
   except (ValueError, TypeError, FileNotFoundError, training.NonFiniteError) as error:
     raise SystemExit(f"error: {error}") from None
+  except files.storage_errors() as error:
+    raise SystemExit(f"error: workdir {workdir}: {error}") from None
   if rows:
     print(json.dumps(rows[-1]))
     summary = training.summarize([r for r in rows if "cos/sera_expected" in r])

@@ -2,8 +2,8 @@
 
 import json
 import os
-import pathlib
 
+from sera_jax.common import files
 from sera_jax.harness.train import CONFIG_FILE, METRICS_FILE, read_metrics
 from sera_jax.settings.classification.plots import plot_alignment
 
@@ -30,7 +30,9 @@ def run_labels(configs: list[dict], names: list[str]) -> list[str]:
 
 
 def plot_runs(run_dirs: list[str], path: str, *, window: int = 20) -> list[str]:
-  """`plot_alignment` of several run directories into `path` and `path` with suffix .csv.
+  """`plot_alignment` of run directories into `path` and `path` with suffix .csv.
+
+  Run directories and outputs may be local paths or URLs (gs://...).
 
   Returns:
     The run labels (see `run_labels`).
@@ -40,15 +42,11 @@ def plot_runs(run_dirs: list[str], path: str, *, window: int = 20) -> list[str]:
     rows = read_metrics(run_dir)
     if not rows:
       raise FileNotFoundError(f"no metric rows in {run_dir}/{METRICS_FILE}")
-    config_path = os.path.join(run_dir, CONFIG_FILE)
-    if os.path.exists(config_path):
-      with open(config_path) as f:
-        configs.append(json.load(f))
-    else:
-      configs.append({})
+    config_path = files.path(run_dir) / CONFIG_FILE
+    configs.append(json.loads(config_path.read_text()) if config_path.exists() else {})
     runs.append(rows)
-  names = [os.path.basename(os.path.normpath(run_dir)) for run_dir in run_dirs]
+  names = [files.path(run_dir).name for run_dir in run_dirs]
   labels = run_labels(configs, names)
   plot_alignment(list(zip(labels, runs, strict=True)), path, window=window,
-                 csv_path=str(pathlib.Path(path).with_suffix(".csv")))
+                 csv_path=os.fspath(files.path(path).with_suffix(".csv")))
   return labels

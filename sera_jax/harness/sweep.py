@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 from absl import flags
 
+from sera_jax.common import files
 from sera_jax.harness import configs, train
 
 
@@ -70,9 +71,9 @@ def expand(axes: Sequence[tuple[str, list[str]]], workdir_root: str) -> list[Run
 
 def is_finished(workdir: str, num_steps: int) -> bool:
   """True when `workdir` holds the final checkpoint and one metric row per step."""
-  final_checkpoint = os.path.join(workdir, train.CHECKPOINT_DIR, str(num_steps))
+  final_checkpoint = files.path(workdir) / train.CHECKPOINT_DIR / str(num_steps)
   steps = [row["step"] for row in train.read_metrics(workdir)]
-  return os.path.isdir(final_checkpoint) and steps == list(range(num_steps))
+  return steps == list(range(num_steps)) and final_checkpoint.is_dir()
 
 
 def resolve_config(config_path: str, run: Run):

@@ -16,11 +16,18 @@ can be saved, keeping the last good checkpoint. Batches and RNG depend only on
 the step number (data position = step, RNG = fold_in(rng, step)), so a run
 killed at any point and resumed writes exactly the metrics of an uninterrupted
 run.
+
+Every file goes through `sera_jax.common.files` (etils.epath), so the workdir
+may be a bucket URL (gs://...) as well as a local path; Orbax gets it unchanged.
 """
 
 import json
 import math
 import os
+import shutil
+import socket
+import tempfile
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -30,8 +37,12 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 import tqdm
+from etils import epath
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.plugins.scalar import summary_v2 as scalar_summary
+from tensorboard.summary.writer import record_writer
 
-from sera_jax.common.tf import tensorflow
+from sera_jax.common import files
 from sera_jax.method import validation
 
 METRICS_FILE = "metrics.jsonl"
@@ -40,6 +51,7 @@ CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
 PROFILE_DIR = "profile"
 PROGRESS_KEYS = ("cos/sera_expected", "cos/uniform_expected", "loss", "accuracy", "pass@1")
+FLUSH_SECONDS = 10.0
 
 
 class Task(Protocol):
@@ -50,19 +62,92 @@ class Task(Protocol):
 
 
 class TensorBoardWriter:
-  """Scalars into TensorBoard event files with tf.summary (whose files also reach gs:// URLs)."""
+  """Scalars in one TensorBoard event file, written through epath (so a bucket URL works).
 
-  def __init__(self, logdir: str):
-    self._tf = tensorflow()
-    self._writer = self._tf.summary.create_file_writer(logdir)
+  The records are TensorBoard's own (its record writer and scalar summaries, the
+  format tf.summary writes); each flush uploads the file whole on an object store.
+  """
+
+  def __init__(self, logdir: epath.PathLike):
+    logdir = files.path(logdir)
+    logdir.mkdir(parents=True, exist_ok=True)
+    name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}.v2"
+    self._records = record_writer.RecordWriter((logdir / name).open("wb"))
+    self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+  def _write(self, event: event_pb2.Event) -> None:
+    self._records.write(event.SerializeToString())
 
   def write(self, step: int, scalars: Mapping[str, float]) -> None:
-    with self._writer.as_default(step=step):
-      for name, value in scalars.items():
-        self._tf.summary.scalar(name, value)
+    summary = summary_pb2.Summary(value=[value for name, number in scalars.items()
+                                         for value in scalar_summary.scalar_pb(name, number).value])
+    self._write(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+
+  def flush(self) -> None:
+    self._records.flush()
 
   def close(self) -> None:
-    self._writer.close()
+    self._records.close()
+
+
+class MetricLog:
+  """The writing process's metrics: metrics.jsonl (one JSON object per step) and TensorBoard.
+
+  An object store has no append, so each is one file opened for this leg of the run and
+  stored whole at every flush; metrics.jsonl starts with the rows kept from earlier legs.
+  Flushes happen before every checkpoint (so a checkpoint's rows are stored first) and
+  at least every FLUSH_SECONDS.
+  """
+
+  def __init__(self, workdir: epath.PathLike, kept_rows: list[dict]):
+    workdir = files.path(workdir)
+    self._metrics = (workdir / METRICS_FILE).open("w")
+    self._metrics.writelines(json.dumps(row) + "\n" for row in kept_rows)
+    self._events = TensorBoardWriter(workdir / TENSORBOARD_DIR)
+    self.flush()
+
+  def write(self, row: dict) -> None:
+    self._metrics.write(json.dumps(row) + "\n")
+    self._events.write(row["step"], {name: value for name, value in row.items() if name != "step"})
+    if time.monotonic() - self._flushed > FLUSH_SECONDS:
+      self.flush()
+
+  def flush(self) -> None:
+    self._metrics.flush()
+    self._events.flush()
+    self._flushed = time.monotonic()
+
+  def close(self) -> None:
+    self._metrics.close()
+    self._events.close()
+
+
+class Profile:
+  """A jax.profiler trace of the steps `steps`, stored in `destination` when it stops.
+
+  The profiler writes local files; they are copied through epath, so a bucket
+  workdir receives them too. A resumed run traces the rest of the window.
+  """
+
+  def __init__(self, steps: range, destination: epath.PathLike):
+    self._steps, self._destination, self._local = steps, destination, None
+
+  def before(self, step: int) -> None:
+    if step in self._steps and self._local is None:
+      self._local = tempfile.mkdtemp(prefix="sera_jax_profile_")
+      jax.profiler.start_trace(self._local)
+
+  def after(self, step: int, state: Any) -> None:
+    if self._local is not None and step == self._steps.stop - 1:
+      jax.block_until_ready(state)
+      self.stop()
+
+  def stop(self) -> None:
+    if self._local is not None:
+      local, self._local = self._local, None
+      jax.profiler.stop_trace()
+      files.copy_tree(local, self._destination)
+      shutil.rmtree(local)
 
 
 class NonFiniteError(FloatingPointError):
@@ -104,13 +189,12 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
   raise ValueError(f"config.task must be 'classification' or 'maze'; got {config.task!r}.")
 
 
-def read_metrics(workdir: str) -> list[dict]:
-  """The metric rows of a run directory, in step order."""
-  path = os.path.join(workdir, METRICS_FILE)
-  if not os.path.exists(path):
+def read_metrics(workdir: epath.PathLike) -> list[dict]:
+  """The metric rows of a run directory (local or a URL), in step order."""
+  path = files.path(workdir) / METRICS_FILE
+  if not path.exists():
     return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _is_floating(leaf) -> bool:
@@ -138,14 +222,6 @@ def non_finite_leaves(state: Any) -> list[str]:
   return [path for path, finite in zip(paths, flags, strict=True) if not finite]
 
 
-def _keep_rows_before(workdir: str, step: int) -> list[dict]:
-  """Drops rows written after the checkpoint we resume from (they are redone)."""
-  rows = [row for row in read_metrics(workdir) if row["step"] < step]
-  with open(os.path.join(workdir, METRICS_FILE), "w") as f:
-    f.writelines(json.dumps(row) + "\n" for row in rows)
-  return rows
-
-
 def _to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:
   return {name: float(value) for name, value in jax.device_get(dict(metrics)).items()}
 
@@ -156,11 +232,10 @@ def check_same_run(config: ml_collections.ConfigDict, workdir: str) -> None:
   The command-line entry points call it before `run`, which itself also resumes
   a run whose config changed (e.g. to train it for more steps).
   """
-  saved = os.path.join(workdir, CONFIG_FILE)
-  if not os.path.exists(saved):
+  saved = files.path(workdir) / CONFIG_FILE
+  if not saved.exists():
     return
-  with open(saved) as f:
-    before = json.load(f)
+  before = json.loads(saved.read_text())
   now = json.loads(config.to_json_best_effort())
   changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
   if changed:
@@ -175,21 +250,18 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
 
   Args:
     config: the experiment config (see sera_jax.harness.configs).
-    workdir: output directory; an existing one with checkpoints is resumed.
+    workdir: output directory, local or a URL (gs://...); an existing one with
+      checkpoints is resumed.
     resume: require a checkpoint to resume from (error if there is none).
     task: a prebuilt task (default: `build_task(config)`).
   """
   validate_run_config(config)
-  if "://" in str(workdir):
-    raise ValueError(
-        f"workdir {workdir}: URL workdirs are not supported yet (run files are written with "
-        f"local file I/O); give a local path or a shared-filesystem mount (on GCP, a gcsfuse "
-        f"mount of the bucket).")
-  task = task or build_task(config)
+  task = task or build_task(config)  # validates the task's config before anything is written
+  directory = files.path(workdir)
+  directory.mkdir(parents=True, exist_ok=True)
   is_writer = jax.process_index() == 0
-  os.makedirs(workdir, exist_ok=True)
   manager = ocp.CheckpointManager(
-      os.path.abspath(os.path.join(workdir, CHECKPOINT_DIR)),
+      directory / CHECKPOINT_DIR,
       options=ocp.CheckpointManagerOptions(max_to_keep=config.get("checkpoints_to_keep", 2),
                                            create=True))
   state = task.init_state(jax.random.PRNGKey(config.seed))
@@ -199,27 +271,24 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
         f"--resume: no checkpoint in {workdir}/{CHECKPOINT_DIR} to resume from.")
   if start:
     state = manager.restore(start, args=ocp.args.StandardRestore(state))
-  rows = _keep_rows_before(workdir, start) if is_writer else []
+  log = None
   if is_writer:
-    with open(os.path.join(workdir, CONFIG_FILE), "w") as f:
-      f.write(config.to_json_best_effort(indent=2))
-  writer = TensorBoardWriter(os.path.join(workdir, TENSORBOARD_DIR)) if is_writer else None
-  metrics_file = open(os.path.join(workdir, METRICS_FILE), "a") if is_writer else None  # noqa: SIM115
+    # Rows after the checkpoint we resume from are dropped: those steps are redone.
+    rows = [row for row in read_metrics(directory) if row["step"] < start]
+    files.write_text(directory / CONFIG_FILE, config.to_json_best_effort(indent=2))
+    log = MetricLog(directory, rows)
+  else:
+    rows = []
   progress = tqdm.tqdm(range(start, config.num_steps), initial=start, total=config.num_steps,
                        desc=f"{config.task}/{config.get('method', '')}", disable=not is_writer,
                        dynamic_ncols=True)
   last_saved = start
-  traced, tracing = profile_steps(config), False
+  profile = Profile(profile_steps(config), directory / PROFILE_DIR)
   try:
     for step in progress:
-      if step in traced and not tracing:  # (a resumed run traces the rest of the window)
-        jax.profiler.start_trace(os.path.join(workdir, PROFILE_DIR))
-        tracing = True
+      profile.before(step)
       state, step_metrics = task.train_step(state, step)
-      if tracing and step == traced.stop - 1:
-        jax.block_until_ready(state)
-        jax.profiler.stop_trace()
-        tracing = False
+      profile.after(step, state)
       row = {"step": step} | _to_floats(step_metrics)
       # The metrics describe the state before the update; the new state is checked
       # itself, so a poisoned update is never saved as a good checkpoint.
@@ -234,24 +303,22 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
       if config.eval_every and (done % config.eval_every == 0 or done == config.num_steps):
         row |= task.evaluate(state)
       if is_writer:
-        metrics_file.write(json.dumps(row) + "\n")
-        metrics_file.flush()
-        writer.write(step, {name: value for name, value in row.items() if name != "step"})
+        log.write(row)
         rows.append(row)
         progress.set_postfix({k.split("/")[-1]: f"{row[k]:.3f}" for k in PROGRESS_KEYS if k in row},
                              refresh=False)
       if done % config.checkpoint_every == 0 or done == config.num_steps:
+        if is_writer:
+          log.flush()
         manager.save(done, args=ocp.args.StandardSave(state))
         last_saved = done
   finally:
-    if tracing:
-      jax.profiler.stop_trace()
+    profile.stop()
     manager.wait_until_finished()
     manager.close()
     progress.close()
-    if is_writer:
-      metrics_file.close()
-      writer.close()
+    if log is not None:
+      log.close()
   if is_writer:
     task.write_figures(workdir, rows)
   return rows

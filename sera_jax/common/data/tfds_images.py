@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from sera_jax.common import files
 from sera_jax.common.data.base import Batch, host_batch_size
 from sera_jax.common.tf import tensorflow
 from sera_jax.method import validation
@@ -57,8 +58,8 @@ def _tfds_is_mocked(tfds) -> bool:
 
 def _unprepared_message(name: str, data_dir: str) -> str:
   if _is_imagenet(name):
-    manual_dir = os.path.join(data_dir, "downloads", "manual")
-    present = [f for f in IMAGENET_TARS if os.path.exists(os.path.join(manual_dir, f))]
+    manual_dir = files.path(data_dir) / "downloads" / "manual"
+    present = [f for f in IMAGENET_TARS if (manual_dir / f).exists()]
     missing = [f for f in IMAGENET_TARS if f not in present]
     state = (f"missing there now: {', '.join(missing)}" if missing
              else "both archives are there, but the dataset has not been built")

@@ -27,7 +27,8 @@ import time
 import jax
 import numpy as np
 
-from sera_jax.common.plots import plt
+from sera_jax.common import files
+from sera_jax.common.plots import plt, save_figure
 from sera_jax.harness.figures import common
 from sera_jax.settings.classification import alignment
 
@@ -131,8 +132,7 @@ def plot(rows, path, title):
   axes[0].set_yticks(positions, names)
   fig.suptitle(title, fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  save_figure(fig, path, dpi=120)
 
 
 def main(argv=None):
@@ -148,7 +148,7 @@ def main(argv=None):
   rows = summarize(table, results, snapshots)
   config = task.config
   png, csv = common.output_paths(args.out, NAME)
-  common.write_csv(csv, rows)
+  files.write_csv(csv, rows)
   reference = next(r for r in rows if r["scope"] == "all" and r["variant"] == REFERENCE)
   title = (f"Ablations vs full SERA (expected cos {reference['expected_cos']:.4f}, realized "
            f"{reference['realized_cos']:.4f}); M = {config.batch_size}, N0 = {config.baseline_n}, "

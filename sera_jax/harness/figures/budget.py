@@ -22,7 +22,8 @@ import time
 import jax
 import numpy as np
 
-from sera_jax.common.plots import plt
+from sera_jax.common import files
+from sera_jax.common.plots import plt, save_figure
 from sera_jax.harness.figures import common
 from sera_jax.settings.classification import alignment
 
@@ -82,8 +83,7 @@ def plot(rows, snapshots, path):
   axes[0, 0].set_ylabel("cosine with the exact gradient")
   axes[0, -1].legend(fontsize=7, loc="lower right")
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  save_figure(fig, path, dpi=120)
 
 
 def tables(rows, snapshots) -> str:
@@ -122,7 +122,7 @@ def main(argv=None):
   task, workdir, snapshots = common.prepare_run(args)
   rows = sweep(task, workdir, snapshots, args.baselines, args.seeds)
   png, csv = common.output_paths(args.out, NAME)
-  common.write_csv(csv, rows)
+  files.write_csv(csv, rows)
   plot(rows, snapshots, png)
   print(tables(rows, snapshots))
   print(f"\nwrote {png} and {csv} in {time.time() - start:.0f} s")

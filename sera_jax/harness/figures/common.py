@@ -15,7 +15,6 @@ setting, in `sera_jax.settings.classification.alignment`.
 """
 
 import argparse
-import csv
 import functools
 import os
 import pathlib
@@ -29,6 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from scipy import stats
 
+from sera_jax.common import files
 from sera_jax.harness import configs, train
 from sera_jax.method import allocation, success
 from sera_jax.settings.classification import gradients
@@ -69,7 +69,7 @@ def load_state(task: ClassificationTask, workdir: str, step: int) -> TrainState:
   state = task.init_state(jax.random.PRNGKey(task.config.seed))
   if step == 0:
     return state
-  path = os.path.abspath(os.path.join(workdir, train.CHECKPOINT_DIR))
+  path = files.path(workdir) / train.CHECKPOINT_DIR
   with ocp.CheckpointManager(path) as manager:
     if step not in manager.all_steps():
       raise FileNotFoundError(f"no checkpoint of step {step} in {path}; it holds "
@@ -117,9 +117,9 @@ def figure_parser(name: str, description: str) -> argparse.ArgumentParser:
 
 
 def output_paths(out: str, stem: str) -> tuple[str, str]:
-  """(PNG, CSV) paths of the figure `stem` in the directory `out`, which is created."""
-  os.makedirs(out, exist_ok=True)
-  return os.path.join(out, f"{stem}.png"), os.path.join(out, f"{stem}.csv")
+  """(PNG, CSV) paths of the figure `stem` in the directory `out` (local or a URL)."""
+  out = files.path(out)
+  return os.fspath(out / f"{stem}.png"), os.fspath(out / f"{stem}.csv")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, *, seeds: int | None) -> None:
@@ -219,15 +219,6 @@ def mean_interval(values: np.ndarray, axis: int = -1) -> tuple[np.ndarray, np.nd
     return values.mean(axis), np.zeros_like(values.mean(axis))
   half = stats.t.ppf(0.975, count - 1) * values.std(axis, ddof=1) / np.sqrt(count)
   return values.mean(axis), half
-
-
-def write_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
-  """Writes dict rows (keys of the first row as the header)."""
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
 
 
 def per_seed_rows(columns: Mapping[str, Any], values, seeds: Sequence[int], ks: Sequence[int],

@@ -18,13 +18,13 @@ figure and CSV maze_passk_tiny and trains under runs/maze_passk_tiny.
 """
 
 import os
-import pathlib
 import time
 
 import jax
 import numpy as np
 
-from sera_jax.common.plots import plt
+from sera_jax.common import files
+from sera_jax.common.plots import plt, save_figure
 from sera_jax.harness import configs, train
 from sera_jax.harness.figures import common
 from sera_jax.settings.maze.task import PASS_AT_K, MazeTask, replay_pass_at_k
@@ -70,7 +70,7 @@ def write_csv(results: dict, seeds: list[int], path: str) -> None:
   rows += [row for name, values in paired_differences(results, seeds).items()
            for row in common.per_seed_rows({"method": name}, values, seeds, PASS_AT_K,
                                            digits=4)]
-  common.write_csv(path, rows)
+  files.write_csv(path, rows)
 
 
 def plot(results: dict, seeds: list[int], config, held_out, path: str) -> None:
@@ -99,8 +99,7 @@ def plot(results: dict, seeds: list[int], config, held_out, path: str) -> None:
                f"{unseen} ({held_out.seen_fraction:.0%} of generated mazes share a training path)",
                fontsize=9)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  save_figure(fig, path, dpi=120)
 
 
 def _table(rows: dict[str, tuple[np.ndarray, np.ndarray]], *, signed: bool) -> str:
@@ -123,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--workdir", default=None, help="default runs/maze_passk[_tiny]")
   args = parser.parse_args(argv)
   config = load_config(args.tiny)
-  workdir = pathlib.Path(args.workdir or "runs/" + NAME + "_tiny" * args.tiny)
+  workdir = files.path(args.workdir or "runs/" + NAME + "_tiny" * args.tiny)
   seeds = list(range(args.seeds))
   start = time.time()
   task = MazeTask(config)

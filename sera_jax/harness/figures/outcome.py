@@ -24,7 +24,8 @@ import time
 
 import numpy as np
 
-from sera_jax.common.plots import plt
+from sera_jax.common import files
+from sera_jax.common.plots import plt, save_figure
 from sera_jax.harness import configs, sweep, train
 from sera_jax.harness.figures import common
 from sera_jax.settings.classification.task import PASS_AT_K, ClassificationTask
@@ -85,7 +86,7 @@ def write_csv(results: dict, seeds, path: str) -> None:
   rows = [row for (dataset, method), per_seed in results.items()
           for row in common.per_seed_rows({"dataset": dataset, "method": method}, per_seed,
                                            seeds, PASS_AT_K, digits=6)]
-  common.write_csv(path, rows)
+  files.write_csv(path, rows)
 
 
 def plot(results: dict, datasets: dict[str, int], seeds, path: str) -> None:
@@ -105,8 +106,7 @@ def plot(results: dict, datasets: dict[str, int], seeds, path: str) -> None:
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  save_figure(fig, path, dpi=120)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,7 +20,8 @@ import jax
 import numpy as np
 from matplotlib.ticker import NullFormatter
 
-from sera_jax.common.plots import plt
+from sera_jax.common import files
+from sera_jax.common.plots import plt, save_figure
 from sera_jax.harness.figures import common
 from sera_jax.method import scaling, success
 from sera_jax.settings.classification import alignment
@@ -95,8 +96,7 @@ def plot(rows, snapshots, waterlines, config, path):
   fig.suptitle(f"Scale equalization on one batch of {len(points)} prompts: N0 = "
                f"{config.baseline_n}, n_min = {config.n_min}, n_max = {config.n_max}", fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  save_figure(fig, path, dpi=120)
 
 
 def table(rows, snapshots, waterlines) -> str:
@@ -124,7 +124,7 @@ def main(argv=None):
   task, workdir, snapshots = common.prepare_run(args)
   rows, waterlines = allocations(task, workdir, snapshots)
   png, csv = common.output_paths(args.out, NAME)
-  common.write_csv(csv, rows)
+  files.write_csv(csv, rows)
   plot(rows, snapshots, waterlines, task.config, png)
   print(table(rows, snapshots, waterlines))
   print(f"\nwrote {png} and {csv} in {time.time() - start:.0f} s")

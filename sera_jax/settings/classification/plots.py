@@ -1,10 +1,10 @@
 """The alignment figure of classification runs: cosines with the exact gradient over steps."""
 
-import csv
 
 import numpy as np
 
-from sera_jax.common.plots import plt, smooth
+from sera_jax.common import files
+from sera_jax.common.plots import plt, save_figure, smooth
 
 # Per estimator measured on every alignment step: (metric, title, line style); each
 # estimator gets its own panel.
@@ -103,10 +103,6 @@ def plot_alignment(runs: list[tuple[str, list[dict]]], path: str, *, window: int
                 bbox_to_anchor=(0.5, -0.25))
   fig.suptitle(f"Gradient alignment, smoothed over {window} steps")
   fig.tight_layout()
-  fig.savefig(path, dpi=120, bbox_inches="tight")  # keeps the legend below the axes
-  plt.close(fig)
+  save_figure(fig, path, dpi=120, bbox_inches="tight")  # keeps the legend below the axes
   if csv_path:
-    with open(csv_path, "w", newline="") as f:
-      writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-      writer.writeheader()
-      writer.writerows(alignment_series(runs, window=window))
+    files.write_csv(csv_path, alignment_series(runs, window=window), CSV_FIELDS)

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from sera_jax.common.plots import plt, smooth
+from sera_jax.common.plots import plt, save_figure, smooth
 
 
 def plot_runs(runs: list[tuple[str, list[dict]]], path: str, *, window: int = 20) -> None:
@@ -32,5 +32,4 @@ def plot_runs(runs: list[tuple[str, list[dict]]], path: str, *, window: int = 20
     axis.grid(alpha=0.3)
     axis.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  save_figure(fig, path, dpi=120)
