@@ -5,8 +5,8 @@ exactly as it does against a real bucket:
 
 * etils.epath, through which sera_jax and Orbax open, list and delete files:
   `epath.testing.mock_epath`, every gs:// path mapped under ROOT (and back, for
-  paths it returns). EPATH_USE_TF=false makes epath consult that (mocked) backend
-  table instead of TensorFlow's gfile;
+  paths it returns), with epath told that TensorFlow is absent so that it consults
+  that (mocked) backend table instead of TensorFlow's gfile;
 * TensorStore, through which Orbax writes array data: Orbax's GCS kvstore spec
   becomes a file kvstore at the mapped path;
 * Orbax's bucket lookup (whether the bucket has a hierarchical namespace, asked
@@ -23,6 +23,7 @@ import sys
 import types
 from unittest import mock
 
+from etils.epath import gpath
 from etils.epath import testing as epath_testing
 from orbax.checkpoint._src.path import gcs_utils
 
@@ -60,7 +61,7 @@ def serve(root: str):
     return {"driver": "file", "path": local(path)}
 
   with contextlib.ExitStack() as stack:
-    stack.enter_context(mock.patch.dict(os.environ, {"EPATH_USE_TF": "false"}))
+    stack.enter_context(mock.patch.object(gpath, "_is_tf_installed", lambda: False))
     stack.enter_context(epath_testing.mock_epath(
         open=mapped, exists=mapped, isdir=mapped, listdir=mapped, makedirs=mapped, mkdir=mapped,
         remove=mapped, rmtree=mapped, stat=mapped, copy=mapped_pair, rename=mapped_pair,

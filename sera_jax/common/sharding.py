@@ -62,6 +62,12 @@ def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec())
 
 
+def split_rows(x: jax.Array, mesh: Mesh, axis: int = 0) -> jax.Array:
+  """Inside jit: `x` split along `axis` over "data" (its other axes whole on every device)."""
+  return jax.lax.with_sharding_constraint(
+      x, NamedSharding(mesh, PartitionSpec(*(None,) * axis, DATA_AXIS)))
+
+
 def global_batch(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
   """Assembles each host's slice of the batch into global arrays sharded on "data"."""
   sharding = data_sharding(mesh)

@@ -41,6 +41,13 @@ class TrainState(NamedTuple):
   rng: jax.Array
 
 
+def init_train_state(model, optimizer: optax.GradientTransformation, rng: jax.Array
+                     ) -> TrainState:
+  """The initial state: parameters and batch statistics from fold_in(rng, 1), the RNG kept."""
+  params, batch_stats = model.init(jax.random.fold_in(rng, 1))
+  return TrainState(params, batch_stats, optimizer.init(params), rng)
+
+
 def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
   """Rejects a bad config before anything is compiled."""
   validation.choice("config.method", config.method, METHODS)
@@ -185,9 +192,7 @@ class ClassificationTask:
             jnp.sum(mask))
 
   def init_state(self, rng: jax.Array) -> TrainState:
-    params, batch_stats = self.model.init(jax.random.fold_in(rng, 1))
-    state = TrainState(params, batch_stats, self.optimizer.init(params), rng)
-    return sharding.replicate(state, self.mesh)
+    return sharding.replicate(init_train_state(self.model, self.optimizer, rng), self.mesh)
 
   def _batch(self, step: int):
     local = self.dataset.train_batch(step, self.config.batch_size, self.config.seed,

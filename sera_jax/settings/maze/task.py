@@ -20,6 +20,11 @@ otherwise) with a mask.
 
 Batches, epochs and RNG depend only on the step number, so the state
 (params, optimizer state, RNG, historical counts) is all a resume needs.
+
+On a device mesh (`sera_jax.common.sharding`) the mazes of a warm-start batch
+and the flat rollouts of an RL step or an evaluation are split along "data";
+the state, the maze sets and the allocation are replicated, so every process
+draws the same batches and counts and XLA all-reduces the gradients.
 """
 
 import functools
@@ -32,7 +37,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from sera_jax.common import optim
+from sera_jax.common import optim, sharding
 from sera_jax.method import allocation, estimators, success, validation
 from sera_jax.settings.maze import env as maze_env
 from sera_jax.settings.maze.plots import plot_runs
@@ -117,8 +122,8 @@ def rollout_layout(counts: jax.Array, budget: int) -> tuple[jax.Array, jax.Array
   return prompt, slot
 
 
-def validate_config(config: ml_collections.ConfigDict) -> None:
-  """Rejects a bad config before anything is compiled."""
+def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> None:
+  """Rejects a bad config (for a mesh of `num_devices`) before anything is compiled."""
   validation.choice("config.method", config.method, METHODS)
   maze_env.check_size(config.maze_size)
   allocation._check_bounds(config.baseline_n, config.n_min, config.n_max)
@@ -136,6 +141,10 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if (batch * config.baseline_n) % microbatches:
     raise ValueError(f"config.microbatches ({microbatches}) must divide the rollout budget "
                      f"batch_size * baseline_n = {batch * config.baseline_n}.")
+  sharding.check_batch_divisible("config.batch_size", batch, num_devices)
+  sharding.check_batch_divisible(
+      "the rollouts of a microbatch, batch_size * baseline_n / microbatches,",
+      batch * config.baseline_n // microbatches, num_devices)
   validation.choice("config.optimizer", config.optimizer, optim.OPTIMIZERS)
   for name in ("learning_rate", "warmup_learning_rate", "grad_clip_norm"):
     validation.real(f"config.{name}", config[name], positive=True)
@@ -144,6 +153,8 @@ def validate_config(config: ml_collections.ConfigDict) -> None:
   if config.num_eval_mazes % eval_batch:
     raise ValueError(f"config.num_eval_mazes ({config.num_eval_mazes}) must be a multiple of "
                      f"config.eval_batch_size ({eval_batch}).")
+  sharding.check_batch_divisible("config.eval_batch_size * config.eval_samples",
+                                 eval_batch * config.eval_samples, num_devices)
 
 
 def _optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
@@ -227,50 +238,52 @@ class MazeTask:
   """The `sera_jax.harness.train.Task` of maze navigation."""
 
   def __init__(self, config: ml_collections.ConfigDict):
-    validate_config(config)
+    self.mesh = sharding.make_mesh()
+    validate_config(config, self.mesh.devices.size)
     self.config = config
     max_steps = config.max_steps or maze_env.max_path_length(config.maze_size) + 1
     self.policy = MazePolicy(config.maze_size, max_steps, config.dim, config.num_layers,
                              config.num_heads)
     data_key = jax.random.PRNGKey(config.data_seed)
-    self.train_mazes = _generate(jax.random.fold_in(data_key, _TRAIN_SET),
-                                 config.num_train_mazes, config.maze_size)
-    self.train_paths, lengths = jax.vmap(
-        lambda m: maze_env.shortest_path(m, max_steps))(self.train_mazes)
+    train_mazes = _generate(jax.random.fold_in(data_key, _TRAIN_SET), config.num_train_mazes,
+                            config.maze_size)
+    train_paths, lengths = jax.vmap(lambda m: maze_env.shortest_path(m, max_steps))(train_mazes)
     if int(jnp.max(lengths)) > max_steps:
       raise ValueError(f"config.max_steps ({max_steps}) is shorter than a shortest path "
                        f"({int(jnp.max(lengths))} moves) of the training set.")
     self.held_out = held_out_mazes(jax.random.fold_in(data_key, _EVAL_SET),
                                    config.num_eval_mazes, config.maze_size, max_steps,
-                                   self.train_paths, novel=config.novel_eval_paths)
-    self.eval_mazes = self.held_out.mazes
+                                   train_paths, novel=config.novel_eval_paths)
+    # Every process builds the same sets; the steps read them replicated on the mesh.
+    self.train_mazes, self.train_paths, self.eval_mazes = sharding.replicate(
+        (train_mazes, train_paths, self.held_out.mazes), self.mesh)
     self.optimizer = _optimizer(config)
     self._warmup_step = jax.jit(self._warmup_step_fn)
     self._rl_step = jax.jit(self._rl_step_fn)
-    self._eval_successes = jax.jit(self._eval_successes_fn)
+    self._eval_successes = jax.jit(self._eval_successes_fn,
+                                   out_shardings=sharding.replicated(self.mesh))
 
   # ---- protocol -------------------------------------------------------------------------------
 
   def init_state(self, rng: jax.Array) -> MazeState:
     params = self.policy.init(jax.random.fold_in(rng, 1))
-    return MazeState(params, self.optimizer.init(params), rng,
-                     success.historical_init(self.config.num_train_mazes))
+    state = MazeState(params, self.optimizer.init(params), rng,
+                      success.historical_init(self.config.num_train_mazes))
+    return sharding.replicate(state, self.mesh)
 
   def train_step(self, state: MazeState, step: int) -> tuple[MazeState, dict[str, jax.Array]]:
     config = self.config
     if step < config.warmup_steps:
       ids, _ = self._batch(step, _WARMUP_ORDER)
-      return self._warmup_step(state, jnp.asarray(ids))
+      return self._warmup_step(state, sharding.replicate(ids, self.mesh))
     ids, new_epoch = self._batch(step - config.warmup_steps, _RL_ORDER)
-    return self._rl_step(state, jnp.asarray(ids), step, new_epoch)
+    return self._rl_step(state, sharding.replicate(ids, self.mesh), step, new_epoch)
 
   def evaluate(self, state: MazeState) -> dict[str, float]:
     """pass@k on the held-out mazes from config.eval_samples samples a maze."""
     config = self.config
-    key = jax.random.fold_in(state.rng, _EVAL_KEY)
-    counts = [self._eval_successes(state.params, self.eval_mazes[i:i + config.eval_batch_size],
-                                   jax.random.fold_in(key, i))
-              for i in range(0, config.num_eval_mazes, config.eval_batch_size)]
+    counts = [self._eval_successes(state.params, state.rng, start)
+              for start in range(0, config.num_eval_mazes, config.eval_batch_size)]
     values = pass_at_k(np.concatenate(jax.device_get(counts)), config.eval_samples)
     return {f"pass@{k}": float(v) for k, v in zip(PASS_AT_K, values, strict=True)}
 
@@ -298,7 +311,8 @@ class MazeTask:
 
   def _warmup_step_fn(self, state: MazeState, ids: jax.Array) -> tuple[MazeState, dict]:
     """Supervised step: minimise the mean NLL of the BFS paths of a batch of mazes."""
-    mazes, paths = self.train_mazes[ids], self.train_paths[ids]
+    mazes = sharding.split_rows(self.train_mazes[ids], self.mesh)
+    paths = sharding.split_rows(self.train_paths[ids], self.mesh)
 
     def nll(params):
       return -jnp.mean(self.policy.log_prob(params, mazes, paths[:, None])[:, 0])
@@ -335,6 +349,7 @@ class MazeTask:
 
     mazes = self.train_mazes[ids]
     prompt, slot = rollout_layout(alloc.counts, budget)
+    prompt = sharding.split_rows(prompt, self.mesh)
     key = jax.random.fold_in(state.rng, step)
     actions, log_probs = self._sample(state.params, mazes, prompt, key)
     rewards = jax.vmap(maze_env.reward)(mazes[prompt], actions)
@@ -354,7 +369,8 @@ class MazeTask:
     # accumulated over microbatches of rollouts so that memory does not grow with B.
     loss, coefficients = jax.value_and_grad(loss_of)(padded(log_probs))
     coefficients = coefficients[prompt, slot]
-    chunks = lambda x: x.reshape(config.microbatches, -1, *x.shape[1:])  # noqa: E731
+    chunks = lambda x: sharding.split_rows(  # noqa: E731
+        x.reshape(config.microbatches, -1, *x.shape[1:]), self.mesh, axis=1)
 
     def accumulate(total, chunk):
       chunk_prompt, chunk_actions, chunk_coefficients = chunk
@@ -386,14 +402,20 @@ class MazeTask:
     rollout draws from its own index, so the draws do not depend on the chunking.
     """
     chunks = self.config.microbatches
-    split = lambda x: x.reshape(chunks, -1)  # noqa: E731
+    split = lambda x: sharding.split_rows(x.reshape(chunks, -1), self.mesh, axis=1)  # noqa: E731
     actions, log_probs = jax.lax.map(
         lambda chunk: self.policy.sample_rollouts(params, mazes, chunk[0], key, chunk[1]),
         (split(prompt), split(jnp.arange(prompt.shape[0]))))
     return actions.reshape(prompt.shape[0], -1), log_probs.reshape(-1)
 
-  def _eval_successes_fn(self, params, mazes: jax.Array, key: jax.Array) -> jax.Array:
-    """Successes among config.eval_samples samples of each maze, int32 [len(mazes)]."""
-    actions, _ = self.policy.sample(params, mazes, key, self.config.eval_samples)
-    rewards = jax.vmap(jax.vmap(maze_env.reward, in_axes=(None, 0)))(mazes, actions)
-    return jnp.sum(rewards, axis=1).astype(jnp.int32)
+  def _eval_successes_fn(self, params, rng: jax.Array, start: int) -> jax.Array:
+    """Successes among config.eval_samples samples of each of the eval_batch_size held-out
+    mazes from `start`, int32 [eval_batch_size]; the samples are split over the mesh."""
+    config = self.config
+    mazes = jax.lax.dynamic_slice_in_dim(self.eval_mazes, start, config.eval_batch_size)
+    maze_ids = sharding.split_rows(
+        jnp.repeat(jnp.arange(config.eval_batch_size), config.eval_samples), self.mesh)
+    key = jax.random.fold_in(jax.random.fold_in(rng, _EVAL_KEY), start)
+    actions, _ = self.policy.sample_rollouts(params, mazes, maze_ids, key)
+    rewards = jax.vmap(maze_env.reward)(mazes[maze_ids], actions)
+    return jnp.sum(rewards.reshape(config.eval_batch_size, -1), axis=1).astype(jnp.int32)
