@@ -11,7 +11,7 @@ rounds), so the printed ratios do not depend on the machine's load:
   sera         a SERA step without alignment (align_every > 1): allocation,
                sampling and one cotangent through the VJP
   gradients    the alignment step's floor: the same five gradients (five cotangents
-               through one VJP), their Gram matrix and the update, with no
+               of one forward pass), their Gram matrix and the update, with no
                allocation, sampling or metrics
 
 With a backward pass costing two forwards the gradients alone cost
@@ -56,12 +56,12 @@ def cross_entropy_step(model, optimizer):
 
 
 def five_gradient_step(model, optimizer):
-  """The gradients of five cotangents through one VJP, their Gram matrix and an update."""
+  """The gradients of five cotangents of one forward pass, their Gram matrix and an update."""
   def step(state, images, labels, step):
     forward = lambda p: model.apply(p, state.batch_stats, images, train=True)  # noqa: E731
     logits, vjp_fn, batch_stats = jax.vjp(forward, state.params, has_aux=True)
     exact = gradients.exact_logit_grad(logits, labels)
-    (grads,) = jax.vmap(vjp_fn)(exact * jnp.arange(1.0, 6.0)[:, None, None])
+    (grads,) = gradients.stacked_vjp(vjp_fn, [exact * scale for scale in range(1, 6)])
     ascent = jax.tree.map(lambda g: -g[0], grads)
     updates, opt_state = optimizer.update(ascent, state.opt_state, state.params)
     return TrainState(optax.apply_updates(state.params, updates), batch_stats, opt_state,

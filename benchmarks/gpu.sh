@@ -7,8 +7,8 @@
 # their pins) unless jax already sees a GPU. JAX_CUDA picks the wheel: cuda12 (default, any
 # driver >= 525) or cuda13. Needs the package index or a wheel cache (PIP_FIND_LINKS) for what
 # is missing. Offline, put the missing dependencies on PYTHONPATH first: on an image that already
-# has a CUDA jax, flax, optax, chex and orbax that is ml_collections and tensorboardX (TensorFlow
-# is imported only to read ImageNet).
+# has a CUDA jax, flax, optax, chex and orbax that is ml_collections (the benchmarks import
+# neither TensorFlow nor TensorBoard).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +21,6 @@ if ! python3 -c 'import jax, sys; sys.exit(jax.default_backend() != "gpu")' 2>/d
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 
-# Step ratios at batch 32 (a small batch for a GPU), allocator at the three sizes, peak memory.
-# Preallocation off so the memory row's RSS note is not the 75% pool; XLA's analysis is exact.
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
+# Step ratios at batch 32 (a small batch for a GPU), allocator at the three sizes, and the
+# ImageNet config's per-device memory at 256 prompts (compiled for the GPU, not run).
 timeout 290 python3 benchmarks/run.py --batch 32 --rounds 5 --repeats 10 "$@"

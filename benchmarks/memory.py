@@ -26,21 +26,25 @@ IMAGENET_CLASSES = 1000
 STEPS = ("ce", "sera", "align")
 
 
-def measure(config_name: str, per_device_batch: int) -> dict[str, float]:
-  """GiB per device of each step of `config_name` at `per_device_batch` prompts a device."""
+def measure(config, per_device_batch: int) -> dict[str, float]:
+  """GiB per device of each step of an ImageNet `config` at `per_device_batch` prompts a device.
+
+  Args:
+    config: a classification config on imagenet2012 (it is copied, not changed).
+    per_device_batch: prompts of the global batch each device of the mesh holds.
+  """
   import jax
 
   from sera_jax.common import sharding
   from sera_jax.common.models import create_model
   from sera_jax.common.optim import make_optimizer
-  from sera_jax.harness import configs
   from sera_jax.settings.classification import task as classification
 
   mesh = sharding.make_mesh()
-  config = configs.load(config_name)
+  config = config.copy_and_resolve_references()
   config.batch_size = per_device_batch * mesh.size
   if config.dataset.split(":")[0].split("/")[0] != "imagenet2012":
-    raise SystemExit(f"error: {config_name} trains on {config.dataset}; give an ImageNet config.")
+    raise ValueError(f"the config trains on {config.dataset}; give an ImageNet config.")
   size = config.dataset_kwargs.get("image_size") or 224
   image_shape = (size, size, 3)
   model = create_model(config.model, num_classes=IMAGENET_CLASSES, input_shape=image_shape,
@@ -75,8 +79,10 @@ def main() -> None:
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:  # one mesh size, in this interpreter
+    from sera_jax.harness import configs
+    config = configs.load(args.config)
     for batch in args.per_device_batch:
-      print(json.dumps({"batch": batch} | measure(args.config, batch)), flush=True)
+      print(json.dumps({"batch": batch} | measure(config, batch)), flush=True)
     return
   start = time.perf_counter()
   print(f"{args.config}: GiB per device, XLA compiled memory analysis (not run)")

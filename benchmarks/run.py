@@ -4,7 +4,7 @@
                           [--sizes 256 4096 65536]
 
 Rows:
-  align / ce, sera / ce   an alignment step (five cotangents through one VJP) and a SERA
+  align / ce, sera / ce   an alignment step (five cotangents of one forward pass) and a SERA
                           training step over a cross-entropy step, same model, batch and
                           optimizer, timed interleaved (`alignment_step.measure`); the
                           note gives the floor: the five gradients and their Gram
@@ -13,32 +13,30 @@ Rows:
                           `allocate(mode="sera")` (N0 = 16, n_min = 2, n_max = 64,
                           p ~ Beta(0.3, 1.5)), in float32 and in x64; the counts of the
                           x64 run must equal the reference's exactly.
-  peak memory             an ImageNet-shaped alignment step (M = 256, C = 1000, N0 = 128,
-                          n_max = 512) with an MLP on 8x8 inputs: XLA's compiled memory
-                          analysis (arguments + outputs + temporaries - donated aliases)
-                          and the growth of the process's peak RSS while it runs.
+  memory/device           the ImageNet config's cross-entropy, SERA and alignment steps
+                          (ResNet-50 at 224x224, N0 = 128, n_max = 512, --memory-batch
+                          prompts a device): XLA's analysis of the compiled steps
+                          (arguments + outputs + temporaries - donated aliases), see
+                          benchmarks/memory.py; nothing is run.
 
 Wall times depend on the machine and its load; ratios measured side by side much less.
 """
 
 import argparse
 import functools
-import resource
-import sys
 import time
 
 import alignment_step  # benchmarks/ is the script's directory, so it is on sys.path
 import jax
+import memory
 import numpy as np
 
+from sera_jax.harness import configs
 from sera_jax.harness.configs.base import classification as base_config
 from sera_jax.method import allocation
-from sera_jax.settings.classification.task import ClassificationTask, make_train_step
 from verification import reference
 
-GIB = 2.0**30
 ALLOCATOR = {"baseline_n": 16, "n_min": 2, "n_max": 64}
-IMAGENET_SHAPED = {"batch_size": 256, "baseline_n": 128, "n_min": 2, "n_max": 512}
 SPEED_UP_TARGETS = {4096: 5, 65536: 1}  # M -> least jitted speed-up over NumPy
 
 
@@ -79,30 +77,14 @@ def allocator_rows(num_prompts: int, repeats: int) -> list[tuple[str, str, str, 
   return rows
 
 
-def peak_memory_row() -> tuple[str, str, str, bool, str]:
-  """Peak memory of the ImageNet-shaped alignment step (XLA analysis and RSS growth)."""
-  config = base_config()
-  config.update(dataset="synthetic", model="mlp", **IMAGENET_SHAPED)
-  config.dataset_kwargs = {"num_classes": 1000, "num_train": 2048, "num_eval": 256}
-  task = ClassificationTask(config)
-  step = make_train_step(task.model, task.optimizer, config, align=True)
-  state = task.init_state(jax.random.PRNGKey(0))
-  images, labels = task._batch(0)
-  analysis = step.lower(state, images, labels, 0).compile().memory_analysis()
-  xla_bytes = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-               + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes)
-  rss_before = _peak_rss_bytes()
-  for i in range(3):
-    state, metrics = step(state, images, labels, i)
-  jax.block_until_ready(metrics)
-  rss_growth = _peak_rss_bytes() - rss_before
-  return ("peak memory ImageNet-shaped align step", f"{xla_bytes / GIB:.3f} GiB", "< 2 GiB",
-          xla_bytes < 2 * GIB, f"XLA compiled analysis; peak RSS grew {rss_growth / GIB:.3f} GiB")
-
-
-def _peak_rss_bytes() -> int:
-  kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  return kib * (1 if sys.platform == "darwin" else 1024)
+def memory_rows(per_device_batch: int) -> list[tuple[str, str, str, bool | None, str]]:
+  """Memory per device of the ImageNet config's steps (compiled here, not run)."""
+  gib = memory.measure(configs.load("imagenet_resnet50"), per_device_batch)
+  note = (f"ResNet-50 224x224, {per_device_batch} prompts a device x {jax.device_count()} "
+          f"device(s), N0 = 128, n_max = 512; XLA compiled analysis")
+  rows = [(f"memory/device {name} step", f"{gib[name]:.1f} GiB", "", None, note)
+          for name in memory.STEPS]
+  return rows + [("memory align / ce", f"{gib['align'] / gib['ce']:.2f}x", "", None, note)]
 
 
 def step_rows(model: str, batch: int, rounds: int, repeats: int):
@@ -128,10 +110,11 @@ def main():
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--sizes", type=int, nargs="+", default=[256, 4096, 65536])
+  parser.add_argument("--memory-batch", type=int, default=256,
+                      help="prompts a device of the memory rows (0: skip them)")
   args = parser.parse_args()
   start = time.perf_counter()
-  # Memory first: the peak RSS is a high-water mark, so later benchmarks would hide it.
-  rows = [peak_memory_row()]
+  rows = memory_rows(args.memory_batch) if args.memory_batch else []
   for num_prompts in args.sizes:
     rows += allocator_rows(num_prompts, repeats=max(args.repeats, 3))
   for model in args.models:

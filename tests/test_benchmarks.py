@@ -8,7 +8,10 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "benchmarks"))
 
 import alignment_step  # noqa: E402
+import memory  # noqa: E402
 import run as benchmark_table  # noqa: E402
+
+from sera_jax.harness import configs  # noqa: E402
 
 
 @pytest.mark.slow
@@ -25,6 +28,15 @@ def test_allocator_rows_match_the_reference():
 
 
 @pytest.mark.slow
-def test_peak_memory_row_is_under_the_target():
-  name, value, target, ok, note = benchmark_table.peak_memory_row()
-  assert ok, (value, note)
+def test_memory_compiles_the_three_steps_of_an_imagenet_config():
+  """Compile-only memory of a small stand-in (ResNet-18 at 32x32) of the ImageNet config."""
+  config = configs.load("imagenet_resnet50")
+  config.model = "resnet18"
+  config.dataset_kwargs.image_size = 32
+  small, large = memory.measure(config, 2), memory.measure(config, 8)
+  assert config.model == "resnet18" and config.batch_size == 256  # measured on a copy
+  for gib in (small, large):
+    assert set(gib) == set(memory.STEPS) and gib["align"] > gib["ce"] > 0
+  assert large["align"] > small["align"]  # activations grow with the per-device batch
+  with pytest.raises(ValueError, match="give an ImageNet config"):
+    memory.measure(configs.load("default"), 2)

@@ -232,14 +232,35 @@ def expected_logit_grad(logits: jax.Array, labels: jax.Array, allocation: Alloca
   return prompt_scale[:, None] * exact_logit_grad(logits, labels)
 
 
+def stacked_vjp(vjp_fn, cotangents):
+  """`vjp_fn` of each cotangent (one forward pass, several backward passes), stacked.
+
+  One backward pass per cotangent rather than `jax.vmap(vjp_fn)`: vmap folds the
+  cotangent axis into every convolution's batch axis, in front of it, and on a
+  device mesh the batch sharding does not survive that reshape, so XLA runs the
+  backward pass of the whole global batch on every device (ResNet-50, 32 prompts a
+  device on 8 devices: 25.4 GiB a device instead of 5.4). Separate passes stay
+  split; on one device they take the vmapped pass's time and less memory
+  (ResNet-50, 256 prompts: 36.6 GiB against 48.0). `benchmarks/memory.py` measures it.
+
+  Args:
+    vjp_fn: the function `jax.vjp` returned.
+    cotangents: k cotangents of the forward pass's output.
+
+  Returns:
+    `vjp_fn`'s output structure with each leaf stacked to [k, ...].
+  """
+  return jax.tree.map(lambda *grads: jnp.stack(grads), *(vjp_fn(c) for c in cotangents))
+
+
 def gram_matrix(stacked_grads) -> jax.Array:
   """[k, k] inner products of k gradients stacked on the leading axis of each leaf.
 
   Small leaves, and every leaf when k is large, are flattened to [k, P] and
   multiplied by their transpose. For the training step's handful of gradients,
   a large leaf's entries are instead k (k + 1) / 2 multiply-reduce passes over
-  the leaf as the backward pass laid it out: flattening a kernel gradient that
-  `jax.vmap(vjp_fn)` produced transposed costs a copy of all k gradients, and a
+  the leaf as the backward pass laid it out: flattening a kernel gradient laid
+  out transposed costs a copy of all k gradients, and a
   [k, P] x [P, k] product with tiny k and P in the millions is slow on XLA's CPU
   backend (`benchmarks/alignment_step.py` measures the step with this Gram).
   """

@@ -29,7 +29,7 @@ from sera_jax.settings.classification.plots import plot_alignment
 
 METHODS = ("sera", "uniform", "equalized", "ce")
 PASS_AT_K = tuple(2**i for i in range(11))  # 1, 2, 4, ..., 1024
-# Rows of the stacked cotangents pushed through one VJP on alignment steps.
+# The cotangents pushed back through the one forward pass of an alignment step.
 ALIGNED = ("exact", "sera_realized", "sera_expected", "uniform_realized", "uniform_expected")
 
 
@@ -129,7 +129,7 @@ def make_train_step(model, optimizer, config, *, align: bool, mesh=None):
     update_name = "exact" if method == "ce" else f"{method}_realized"
     names = list(ALIGNED) if align else []
     names += [update_name] if update_name not in names else []
-    (grads,) = jax.vmap(vjp_fn)(jnp.stack([cotangents[n] for n in names]))
+    (grads,) = gradients.stacked_vjp(vjp_fn, [cotangents[n] for n in names])
     ascent = jax.tree.map(lambda g: g[names.index(update_name)], grads)
     descent = jax.tree.map(jnp.negative, ascent)
     updates, opt_state = optimizer.update(descent, state.opt_state, state.params)
