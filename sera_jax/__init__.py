@@ -2,6 +2,12 @@
 
 from sera_jax.method.allocation import MODES, Allocation, allocate, clamp_log_p, max_count
 from sera_jax.method.estimators import ESTIMATORS, advantages, expected_scale, policy_loss
+from sera_jax.method.flat import (
+    flat_advantages,
+    flat_policy_loss,
+    rollout_segments,
+    rollout_weights,
+)
 from sera_jax.method.scaling import (
     coverage,
     failure_rate,
@@ -44,6 +50,8 @@ __all__ = [
     "expected_scale",
     "failure_rate",
     "fidelity",
+    "flat_advantages",
+    "flat_policy_loss",
     "historical_estimate",
     "historical_init",
     "historical_stage",
@@ -55,6 +63,8 @@ __all__ = [
     "pilot_budget_split",
     "pilot_log_p",
     "policy_loss",
+    "rollout_segments",
+    "rollout_weights",
     "sample_rollouts",
     "truncated_objective",
 ]

@@ -56,8 +56,18 @@ def test_every_shipped_config_passes_its_checks(name, num_devices):
   if config.task == "classification":
     classification_task.validate_config(config, num_devices)
   else:
-    maze_task.validate_config(config)
+    maze_task.validate_config(config, num_devices)
   train.validate_run_config(config)
+
+
+def test_the_maze_checks_name_the_split_that_does_not_divide():
+  config = configs.load("maze")
+  maze_task.validate_config(config, 32)
+  with pytest.raises(ValueError, match="config.batch_size must be divisible by the device"):
+    maze_task.validate_config(config, 64)
+  config.update(batch_size=256, microbatches=16)  # 2048 rollouts, 128 a microbatch
+  with pytest.raises(ValueError, match="rollouts of a microbatch.*with 256 devices"):
+    maze_task.validate_config(config, 256)
 
 
 @pytest.mark.parametrize("override, message", [

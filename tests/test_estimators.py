@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl.testing import parameterized
+from scipy import stats
 
 from sera_jax.method import scaling
 from sera_jax.method.estimators import ESTIMATORS, advantages, expected_scale, policy_loss
@@ -32,6 +33,8 @@ def _by_hand(estimator: str) -> np.ndarray:
       a = r / (mu + EPS) if k > 0 else 0 * r
     elif estimator == "grpo":
       a = (r - mu) / (r.std() + EPS)
+    elif estimator == "grpo_sample_std":
+      a = (r - mu) / ((r.std(ddof=1) if n > 1 else 0.0) + EPS)
     elif estimator == "rloo":
       a = r - (k - r) / (n - 1)
     else:
@@ -60,6 +63,11 @@ class AdvantagesTest(parameterized.TestCase):
     np.testing.assert_allclose(got[0], [3.0, 0.0, 0.0, 0.0], rtol=1e-6)
     got = advantages(REWARDS, MASK, estimator="grpo", eps=0.0)
     np.testing.assert_allclose(got[0], [np.sqrt(2), -1 / np.sqrt(2), -1 / np.sqrt(2), 0], rtol=1e-6)
+    # Sample variance n mu (1 - mu) / (n - 1) = (3/2)(2/9) = 1/3.
+    got = advantages(REWARDS, MASK, estimator="grpo_sample_std", eps=0.0)
+    third = np.sqrt(1 / 3)
+    np.testing.assert_allclose(got[0], [(2 / 3) / third, -(1 / 3) / third, -(1 / 3) / third, 0],
+                               rtol=1e-6)
     got = advantages(REWARDS, MASK, estimator="rloo")
     np.testing.assert_allclose(got[0], [1.0, -0.5, -0.5, 0.0], rtol=1e-6)
     got = advantages(REWARDS, MASK, estimator="reinforce")
@@ -72,10 +80,10 @@ class AdvantagesTest(parameterized.TestCase):
     got = np.asarray(advantages(rewards, mask, estimator=estimator))
     np.testing.assert_array_equal(got[0], 0.0)  # K = 0 (both MaxRL forms: explicitly)
     np.testing.assert_array_equal(got[2], 0.0)  # n = 0
-    if estimator in ("maxrl", "grpo", "reinforce"):
+    if estimator in ("maxrl", "grpo", "grpo_sample_std", "reinforce"):
       np.testing.assert_array_equal(got[1], 0.0)  # K = n: nothing to center
-    if estimator == "rloo":
-      np.testing.assert_array_equal(got[3], 0.0)  # n < 2
+    if estimator != "maxrl_plain":
+      np.testing.assert_array_equal(got[3], 0.0)  # n = 1: no other rollout to compare with
     assert np.isfinite(got).all()
 
   def test_accepts_int_and_bool_inputs(self):
@@ -121,6 +129,31 @@ def test_expected_scale_closed_forms_x64():
       got = expected_scale(estimator, log_p, n, eps=0.0)
       assert got.dtype == jnp.float64 and got.shape == want.shape
       np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15, err_msg=estimator)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "grpo_sample_std"])
+def test_grpo_expected_scales_equal_the_binomial_sum_written_out(estimator):
+  """DESIGN §1's c(p, n) = (1/n) sum_K Binom(K; n, p) [K a_s(K) - (n - K) a_f(K) p / (1 - p)]
+  summed term by term in float64 with each GRPO's advantages written out."""
+  def advantage(r, n, k):
+    if not 0 < k < n:  # a group with nothing to center (n = 1 among them)
+      return 0.0
+    mu = k / n
+    var = mu * (1 - mu) * (n / (n - 1) if estimator == "grpo_sample_std" else 1.0)
+    return (r - mu) / (np.sqrt(var) + EPS)
+
+  with jax.enable_x64(True):
+    for p in (1e-3, 0.05, 0.3, 0.5, 0.9):
+      for n in (1, 2, 3, 8, 64):
+        want = sum(stats.binom.pmf(k, n, p) * (k * advantage(1, n, k)
+                                               - (n - k) * advantage(0, n, k) * p / (1 - p))
+                   for k in range(n + 1)) / n
+        got = expected_scale(estimator, np.log(p), n, eps=EPS)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-14, err_msg=(p, n))
+    # The sample std is the larger: the ddof = 1 scale is the smaller, by up to sqrt((n-1)/n).
+    log_p = np.log(np.asarray([0.05, 0.5]))
+    ratio = expected_scale("grpo_sample_std", log_p, 8) / expected_scale("grpo", log_p, 8)
+    assert np.all((np.sqrt(7 / 8) - 1e-6 <= ratio) & (ratio < 1))
 
 
 def test_expected_scale_edge_cases():

@@ -32,13 +32,6 @@ def test_pass_at_k_matches_binomial_formula():
     maze_rl.pass_at_k(successes, 4, ks=(8,))
 
 
-def test_rollout_layout():
-  counts = jnp.array([3, 0, 1, 4])
-  prompt, slot = maze_rl.rollout_layout(counts, 8)
-  np.testing.assert_array_equal(prompt, [0, 0, 0, 2, 3, 3, 3, 3])
-  np.testing.assert_array_equal(slot, [0, 1, 2, 0, 0, 1, 2, 3])
-
-
 def test_maze_success_is_averaged_over_every_maze_of_the_batch():
   counts = jnp.asarray([4, 0, 2, 0])
   successes = jnp.asarray([1.0, 0.0, 2.0, 0.0])

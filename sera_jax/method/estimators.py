@@ -2,13 +2,14 @@
 
 Every estimator here gives rollout j of a group an advantage that depends only
 on its own reward r_j, the group size n and the group's success count K
-(DESIGN §1). That one per-rollout formula, `_advantage(r, n, K)`, is shared by
+(DESIGN §1). That one per-rollout formula, `rollout_advantage(r, n, K)`, is shared by
 
-* `advantages`, which evaluates it on padded reward tensors [M, N], and
+* `advantages`, which evaluates it on padded reward tensors [M, N],
 * `expected_scale`, which evaluates it at r = 1 (a_s(K)) and r = 0 (a_f(K)) to
-  sum the closed form c(p, n) of DESIGN §1 exactly,
+  sum the closed form c(p, n) of DESIGN §1 exactly, and
+* `sera_jax.method.flat.flat_advantages`, on a flat buffer with segment ids,
 
-so the two cannot drift apart. `policy_loss` is the surrogate loss of DESIGN §1.4.
+so they cannot drift apart. `policy_loss` is the surrogate loss of DESIGN §1.4.
 """
 
 import functools
@@ -23,7 +24,7 @@ from jax.scipy.special import gammaln
 from sera_jax.method import validation
 from sera_jax.method.scaling import log1mexp
 
-ESTIMATORS = ("maxrl", "maxrl_plain", "grpo", "rloo", "reinforce")
+ESTIMATORS = ("maxrl", "maxrl_plain", "grpo", "grpo_sample_std", "rloo", "reinforce")
 
 
 def _safe_divide(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
@@ -48,6 +49,12 @@ def _grpo(r, n, k, mean, eps):
   return _safe_divide(r - mean, std + eps)
 
 
+def _grpo_sample_std(r, n, k, mean, eps):
+  # Sample std (ddof = 1) of 0/1 rewards: sqrt(n mu (1 - mu) / (n - 1)), 0 for one rollout.
+  std = jnp.sqrt(jnp.maximum(_safe_divide(n * mean * (1 - mean), n - 1), 0))
+  return _safe_divide(r - mean, std + eps)
+
+
 def _rloo(r, n, k, mean, eps):
   # Leave-one-out baseline: the mean reward of the other n - 1 rollouts.
   return jnp.where(n >= 2, r - _safe_divide(k - r, n - 1), 0)
@@ -61,15 +68,19 @@ _ADVANTAGE_OF: dict[str, Callable[..., jax.Array]] = {
     "maxrl": _maxrl,
     "maxrl_plain": _maxrl_plain,
     "grpo": _grpo,
+    "grpo_sample_std": _grpo_sample_std,
     "rloo": _rloo,
     "reinforce": _reinforce,
 }
 
 
-def _advantage(estimator: str, reward, group_size, successes, eps) -> jax.Array:
-  """Advantage of a rollout with reward r in a group of n with K successes (0 when n = 0).
+def rollout_advantage(estimator: str, reward, group_size, successes, eps: float = 1e-6
+                      ) -> jax.Array:
+  """Advantage of one rollout with reward r in a group of n with K successes (DESIGN §1).
 
-  Arguments broadcast; `estimator` is static.
+  The one formula behind `advantages` (padded groups), `expected_scale` (at r = 1
+  and r = 0) and `sera_jax.method.flat.flat_advantages` (flat buffers); 0 when n = 0.
+  Arguments broadcast; `estimator` is static and not checked here.
   """
   mean = _safe_divide(successes, group_size)
   value = _ADVANTAGE_OF[estimator](reward, group_size, successes, mean, eps)
@@ -84,7 +95,7 @@ def _group_advantages(rewards: jax.Array, mask: jax.Array, *, estimator: str,
   valid = mask.astype(rewards.dtype)
   group_size = jnp.sum(valid)
   successes = jnp.sum(rewards * valid)
-  value = _advantage(estimator, rewards, group_size, successes, eps)
+  value = rollout_advantage(estimator, rewards, group_size, successes, eps)
   return jnp.where(mask, value, 0)
 
 
@@ -103,7 +114,11 @@ def advantages(rewards: jax.Array, mask: jax.Array, *, estimator: str = "maxrl",
 
   * "maxrl"       (r - mu) / (mu + eps); 0 for the whole group when K = 0.
   * "maxrl_plain" r / (mu + eps); 0 when K = 0.
-  * "grpo"        (r - mu) / (std + eps), std the population std sqrt(mu (1 - mu)).
+  * "grpo"        (r - mu) / (std + eps), std the population std sqrt(mu (1 - mu))
+                    (the MaxRL paper's GRPO).
+  * "grpo_sample_std"  (r - mu) / (std + eps), std the sample std (ddof = 1)
+                    sqrt(n mu (1 - mu) / (n - 1)), 0 when n = 1 (Tunix's, verl's
+                    and TRL's GRPO; Tunix adds eps = 1e-6 too).
   * "rloo"        r_j - (K - r_j) / (n - 1); 0 when n < 2.
   * "reinforce"   r - mu.
 
@@ -117,7 +132,7 @@ def advantages(rewards: jax.Array, mask: jax.Array, *, estimator: str = "maxrl",
     rewards: [M, N] rewards, each 0 or 1 (padded slots may hold either).
     mask: [M, N] boolean-like, True on real rollouts.
     estimator: one of `ESTIMATORS`.
-    eps: the stabiliser in the denominators of "maxrl", "maxrl_plain", "grpo".
+    eps: the stabiliser in the denominators of "maxrl", "maxrl_plain" and both GRPOs.
 
   Returns:
     [M, N] advantages in the floating dtype of `rewards` (float32 by default).
@@ -208,8 +223,8 @@ def _expected_scale(log_p, n, *, estimator, eps, max_n):
   # (gammaln(n) is ~n log n large), which is most of the float error at n in the hundreds.
   pmf = _safe_divide(pmf, jnp.sum(pmf, axis=-1, keepdims=True))
   group_size = n[..., None]
-  a_success = _advantage(estimator, 1.0, group_size, k + 1, eps)
-  a_failure = _advantage(estimator, 0.0, group_size, k, eps)
+  a_success = rollout_advantage(estimator, 1.0, group_size, k + 1, eps)
+  a_failure = rollout_advantage(estimator, 0.0, group_size, k, eps)
   scale = jnp.exp(log_p) * jnp.sum(pmf * (a_success - a_failure), axis=-1)
   return jnp.where(n > 0, scale, 0)
 

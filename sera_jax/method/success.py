@@ -37,31 +37,9 @@ def oracle_log_p(logits: jax.Array, labels: jax.Array) -> jax.Array:
   logits = jnp.asarray(logits)
   labels = jnp.asarray(labels)
   validation.rank("logits", logits, 2)
-  _check_ids("labels", labels, logits.shape[1], rows_of=("logits", logits))
+  validation.indices("labels", labels, logits.shape[1], rows_of=("logits", logits))
   log_probs = jax.nn.log_softmax(logits, axis=-1)
   return jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
-
-
-def _check_ids(name: str, ids: jax.Array, size: int, rows_of=None) -> None:
-  """Checks integer ids and, when they are concrete, that they lie in [0, size).
-
-  With `rows_of` = (name, array), the ids must also be rank 1 with one per row of the array.
-  """
-  if not jnp.issubdtype(ids.dtype, jnp.integer):
-    raise TypeError(f"{name} must be an integer array; got dtype {ids.dtype}.")
-  if rows_of is not None:
-    other, array = rows_of
-    validation.rank(name, ids, 1)
-    if ids.shape[0] != jnp.shape(array)[0]:
-      raise ValueError(
-          f"{name} must have shape [M] = [{jnp.shape(array)[0]}] to match {other} "
-          f"{tuple(jnp.shape(array))}; got {ids.shape}.")
-  if validation.is_concrete(ids):
-    values = np.asarray(ids)
-    bad = (values < 0) | (values >= size)
-    if bad.any():
-      raise ValueError(
-          f"{name} must lie in [0, {size}); found {values[bad][0].item()!r}.")
 
 
 def _log_beta_mean(successes, failures, alpha0: float, beta0: float) -> jax.Array:
@@ -120,12 +98,43 @@ def historical_stage(state: HistoricalState, prompt_ids: jax.Array, rewards: jax
   mask = validation.mask("mask", mask)
   validation.rank("rewards", rewards, 2)
   validation.same_shape(("rewards", "mask"), rewards, mask)
-  _check_ids("prompt_ids", prompt_ids, state.successes.shape[0], rows_of=("rewards", rewards))
+  validation.indices("prompt_ids", prompt_ids, state.successes.shape[0],
+                     rows_of=("rewards", rewards))
   dtype = state.successes.dtype
   valid = mask.astype(dtype)
   rewards = rewards.astype(dtype)
-  successes = jnp.sum(rewards * valid, axis=1)
-  failures = jnp.sum((1 - rewards) * valid, axis=1)
+  return _stage(state, prompt_ids, jnp.sum(rewards * valid, axis=1),
+                jnp.sum((1 - rewards) * valid, axis=1))
+
+
+def historical_stage_flat(state: HistoricalState, prompt_ids: jax.Array, rewards: jax.Array,
+                          segment_ids: jax.Array) -> HistoricalState:
+  """`historical_stage` of M groups held in a flat buffer (DESIGN §4).
+
+  Args:
+    state: the current state.
+    prompt_ids: [M] integer ids in [0, P) of the batch's prompts.
+    rewards: [B] 0/1 rewards of the buffer.
+    segment_ids: int [B], each rollout's group in [0, M) (`sera_jax.rollout_segments`).
+
+  Returns:
+    The state with each prompt's successes and failures of this buffer staged.
+  """
+  prompt_ids, segment_ids = jnp.asarray(prompt_ids), jnp.asarray(segment_ids)
+  rewards = validation.binary("rewards", rewards)
+  validation.rank("prompt_ids", prompt_ids, 1)
+  validation.rank("rewards", rewards, 1)
+  validation.same_shape(("rewards", "segment_ids"), rewards, segment_ids)
+  validation.indices("prompt_ids", prompt_ids, state.successes.shape[0])
+  validation.indices("segment_ids", segment_ids, prompt_ids.shape[0])
+  rewards = rewards.astype(state.successes.dtype)
+  num_groups = prompt_ids.shape[0]
+  successes = jax.ops.segment_sum(rewards, segment_ids, num_groups)
+  failures = jax.ops.segment_sum(1 - rewards, segment_ids, num_groups)
+  return _stage(state, prompt_ids, successes, failures)
+
+
+def _stage(state: HistoricalState, prompt_ids, successes, failures) -> HistoricalState:
   return state._replace(
       staged_successes=state.staged_successes.at[prompt_ids].add(successes),
       staged_failures=state.staged_failures.at[prompt_ids].add(failures))
@@ -168,7 +177,7 @@ def historical_estimate(state: HistoricalState, prompt_ids: jax.Array, *, alpha0
   """
   _check_prior(alpha0, beta0)
   prompt_ids = jnp.asarray(prompt_ids)
-  _check_ids("prompt_ids", prompt_ids, state.successes.shape[0])
+  validation.indices("prompt_ids", prompt_ids, state.successes.shape[0])
   log_p = _log_beta_mean(state.successes[prompt_ids], state.failures[prompt_ids], alpha0, beta0)
   return log_p, state.seen[prompt_ids]
 

@@ -169,3 +169,28 @@ def static_width(counts_name: str, counts: Any, width_name: str, width: int | No
     raise ValueError(f"{width_name} = {width} is smaller than max({counts_name}) = {largest}: "
                      f"the groups would be truncated; give {width_name} >= {largest}.")
   return width
+
+
+def indices(name: str, ids: jax.Array, size: int, rows_of=None) -> None:
+  """Checks integer ids and, when they are concrete, that they lie in [0, size).
+
+  Under `jax.jit` an id outside [0, size) cannot be detected: JAX's scatter and
+  segment sums drop it.
+
+  With `rows_of` = (name, array), the ids must also be rank 1 with one per row of the array.
+  """
+  if not jnp.issubdtype(ids.dtype, jnp.integer):
+    raise TypeError(f"{name} must be an integer array; got dtype {ids.dtype}.")
+  if rows_of is not None:
+    other, array = rows_of
+    rank(name, ids, 1)
+    if ids.shape[0] != jnp.shape(array)[0]:
+      raise ValueError(
+          f"{name} must have shape [M] = [{jnp.shape(array)[0]}] to match {other} "
+          f"{tuple(jnp.shape(array))}; got {ids.shape}.")
+  if is_concrete(ids):
+    values = np.asarray(ids)
+    bad = (values < 0) | (values >= size)
+    if bad.any():
+      raise ValueError(
+          f"{name} must lie in [0, {size}); found {values[bad][0].item()!r}.")

@@ -14,9 +14,9 @@ rollout budget B = M * N0:
 
 All use the loss of DESIGN §1.4 with the allocation's prompt weights.
 Rollouts live in a flat buffer of exactly B sequences with segment ids (the
-maze of each rollout), so counts vary and shapes never do; rewards and
-advantages use the padded [M, width] view (width = n_max for SERA, N0
-otherwise) with a mask.
+maze of each rollout, `sera_jax.method.flat`), so counts vary and shapes never
+do; advantages, the loss and the historical estimator's outcomes come from
+segment sums over that buffer (DESIGN §4).
 
 Batches, epochs and RNG depend only on the step number, so the state
 (params, optimizer state, RNG, historical counts) is all a resume needs.
@@ -38,7 +38,7 @@ import numpy as np
 import optax
 
 from sera_jax.common import optim, sharding
-from sera_jax.method import allocation, estimators, success, validation
+from sera_jax.method import allocation, flat, success, validation
 from sera_jax.settings.maze import env as maze_env
 from sera_jax.settings.maze.plots import plot_runs
 from sera_jax.settings.maze.policy import MazePolicy
@@ -103,23 +103,6 @@ def pass_at_k(successes: np.ndarray, num_samples: int, ks=PASS_AT_K) -> np.ndarr
     log_terms = np.log1p(-np.minimum(successes / remaining, 1.0))
   log_all_fail = np.cumsum(log_terms, axis=1)  # column k - 1: log C(n - c, k) / C(n, k)
   return np.mean(-np.expm1(log_all_fail[:, ks - 1]), axis=0)
-
-
-def rollout_layout(counts: jax.Array, budget: int) -> tuple[jax.Array, jax.Array]:
-  """Segment ids of a flat buffer of `budget` rollouts that gives prompt q counts[q] slots.
-
-  Args:
-    counts: int [M] with sum == budget.
-    budget: B (static).
-
-  Returns:
-    (prompt int32 [B], slot int32 [B]): rollout b is the slot-th of its prompt.
-  """
-  ends = jnp.cumsum(counts)
-  index = jnp.arange(budget)
-  prompt = jnp.searchsorted(ends, index, side="right").astype(jnp.int32)
-  slot = (index - (ends - counts)[prompt]).astype(jnp.int32)
-  return prompt, slot
 
 
 def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> None:
@@ -339,8 +322,6 @@ class MazeTask:
                                                                                    dict]:
     config = self.config
     num_prompts, budget = config.batch_size, config.batch_size * config.baseline_n
-    width = allocation.max_count("sera" if config.method == "sera" else "uniform",
-                                 baseline_n=config.baseline_n, n_max=config.n_max)
     historical = jax.tree.map(
         lambda started, kept: jnp.where(new_epoch, started, kept),
         success.historical_start_epoch(state.historical, discount=config.discount),
@@ -348,27 +329,20 @@ class MazeTask:
     alloc, log_p, has_estimate = self._allocation(historical, ids)
 
     mazes = self.train_mazes[ids]
-    prompt, slot = rollout_layout(alloc.counts, budget)
-    prompt = sharding.split_rows(prompt, self.mesh)
+    prompt = sharding.split_rows(flat.rollout_segments(alloc.counts, budget), self.mesh)
     key = jax.random.fold_in(state.rng, step)
     actions, log_probs = self._sample(state.params, mazes, prompt, key)
     rewards = jax.vmap(maze_env.reward)(mazes[prompt], actions)
     in_episode = jax.vmap(maze_env.episode_mask)(mazes[prompt], actions)
-    padded = lambda flat: jnp.zeros((num_prompts, width), flat.dtype).at[prompt, slot].set(flat)  # noqa: E731
-    mask = jnp.arange(width) < alloc.counts[:, None]
-    group_rewards = padded(rewards)
-    advantages = estimators.advantages(
-        group_rewards, mask, estimator="grpo" if config.method == "grpo" else "maxrl")
-    historical = success.historical_stage(historical, ids, group_rewards, mask)
-
-    def loss_of(padded_log_probs):
-      return estimators.policy_loss(padded_log_probs, advantages, mask, alloc.weights,
-                                    config.baseline_n)
+    advantages = flat.flat_advantages(
+        rewards, prompt, num_prompts=num_prompts,
+        estimator="grpo" if config.method == "grpo" else "maxrl")
+    historical = success.historical_stage_flat(historical, ids, rewards, prompt)
 
     # The loss is linear in the log-probabilities: its gradient is sum_b coef_b grad log pi_b,
     # accumulated over microbatches of rollouts so that memory does not grow with B.
-    loss, coefficients = jax.value_and_grad(loss_of)(padded(log_probs))
-    coefficients = coefficients[prompt, slot]
+    loss, coefficients = jax.value_and_grad(flat.flat_policy_loss)(
+        log_probs, advantages, prompt, alloc.weights, baseline_n=config.baseline_n)
     chunks = lambda x: sharding.split_rows(  # noqa: E731
         x.reshape(config.microbatches, -1, *x.shape[1:]), self.mesh, axis=1)
 
@@ -383,7 +357,7 @@ class MazeTask:
                             (chunks(prompt), chunks(actions), chunks(coefficients)))
     params, opt_state = self._apply(state, grads)
 
-    group_successes = jnp.sum(group_rewards, axis=1)
+    group_successes = jax.ops.segment_sum(rewards, prompt, num_prompts)
     metrics = allocation.rollout_metrics(alloc, group_successes, log_p, estimated=True) | {
         "loss": loss,
         "reward/mean": jnp.mean(rewards),  # over rollouts: SERA weights hard mazes up
