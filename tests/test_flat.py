@@ -35,7 +35,7 @@ def _padded(counts, flat_values, width):
   return out, mask
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(batch=ragged_batches())
 def test_flat_advantages_equal_the_padded_ones_for_every_estimator(batch):
   counts, rewards = batch
