@@ -29,14 +29,15 @@ def test_allocator_rows_match_the_reference():
 
 @pytest.mark.slow
 def test_memory_compiles_the_three_steps_of_an_imagenet_config():
-  """Compile-only memory of a small stand-in (ResNet-18 at 32x32) of the ImageNet config."""
+  """Compile-only memory of a small stand-in (ResNet-18 at 64x64) of the ImageNet config."""
   config = configs.load("imagenet_resnet50")
   config.model = "resnet18"
-  config.dataset_kwargs.image_size = 32
-  small, large = memory.measure(config, 2), memory.measure(config, 8)
+  config.dataset_kwargs.image_size = 64
+  small, large = memory.measure(config, 4), memory.measure(config, 32)
   assert config.model == "resnet18" and config.batch_size == 256  # measured on a copy
   for gib in (small, large):
-    assert set(gib) == set(memory.STEPS) and gib["align"] > gib["ce"] > 0
-  assert large["align"] > small["align"]  # activations grow with the per-device batch
+    assert set(gib) == set(memory.STEPS) and min(gib.values()) > 0
+  for step in memory.STEPS:  # activations grow with the per-device batch
+    assert large[step] > small[step], step
   with pytest.raises(ValueError, match="give an ImageNet config"):
     memory.measure(configs.load("default"), 2)

@@ -15,12 +15,16 @@ from hypothesis import strategies as st
 import sera_jax
 from sera_jax.method import estimators, flat, success
 
+NUM_PROMPTS, BUDGET = 5, 20  # one shape, so examples do not recompile
+
 
 @st.composite
 def ragged_batches(draw):
-  """(counts [M] summing to B, rewards [B]) with groups of 0..7 rollouts."""
-  counts = draw(hnp.arrays(np.int32, st.integers(1, 6), elements=st.integers(0, 7)))
-  rewards = draw(hnp.arrays(np.float32, int(counts.sum()), elements=st.sampled_from([0.0, 1.0])))
+  """(counts [5] summing to B = 20, empty groups and a group of all 20 included, rewards [20])."""
+  cuts = sorted(draw(st.lists(st.integers(0, BUDGET), min_size=NUM_PROMPTS - 1,
+                              max_size=NUM_PROMPTS - 1)))
+  counts = np.diff([0, *cuts, BUDGET]).astype(np.int32)
+  rewards = draw(hnp.arrays(np.float32, BUDGET, elements=st.sampled_from([0.0, 1.0])))
   return counts, rewards
 
 
@@ -35,13 +39,13 @@ def _padded(counts, flat_values, width):
   return out, mask
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(batch=ragged_batches())
 def test_flat_advantages_equal_the_padded_ones_for_every_estimator(batch):
   counts, rewards = batch
   segments = sera_jax.rollout_segments(counts, int(counts.sum()))
   np.testing.assert_array_equal(segments, np.repeat(np.arange(len(counts)), counts))
-  padded_rewards, mask = _padded(counts, rewards, max(int(counts.max()), 1))
+  padded_rewards, mask = _padded(counts, rewards, BUDGET)
   for estimator in sera_jax.ESTIMATORS:
     got = sera_jax.flat_advantages(rewards, segments, num_prompts=len(counts),
                                    estimator=estimator)
@@ -51,7 +55,7 @@ def test_flat_advantages_equal_the_padded_ones_for_every_estimator(batch):
     np.testing.assert_allclose(got, want, rtol=2.5e-7, atol=1e-7, err_msg=estimator)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(batch=ragged_batches(), seed=st.integers(0, 2**31 - 1))
 def test_flat_loss_and_its_gradient_equal_the_padded_ones(batch, seed):
   counts, rewards = batch
@@ -63,9 +67,8 @@ def test_flat_loss_and_its_gradient_equal_the_padded_ones(batch, seed):
   adv = sera_jax.flat_advantages(rewards, segments, num_prompts=num_prompts)
   loss, grad = jax.value_and_grad(sera_jax.flat_policy_loss)(log_probs, adv, segments, weights,
                                                              baseline_n=4)
-  width = max(int(counts.max()), 1)
-  padded_log_probs, mask = _padded(counts, log_probs, width)
-  padded_adv, _ = _padded(counts, np.asarray(adv), width)
+  padded_log_probs, mask = _padded(counts, log_probs, BUDGET)
+  padded_adv, _ = _padded(counts, np.asarray(adv), BUDGET)
   want, want_grad = jax.value_and_grad(sera_jax.policy_loss)(padded_log_probs, padded_adv, mask,
                                                             weights, 4)
   np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-7)

@@ -482,11 +482,14 @@ def rollout_metrics(alloc: Allocation, successes: jax.Array, log_p: jax.Array, *
   num_active = jnp.maximum(jnp.sum(active), 1)
   counts = alloc.counts.astype(jnp.float32)
   mixed = (successes > 0) & (successes < alloc.counts)
+  fidelity_active = jnp.where(active, alloc.fidelity, jnp.nan)
+  kappa = "kappa_estimate" if estimated else "kappa"
   return {
       "rollouts/min": jnp.min(counts), "rollouts/max": jnp.max(counts),
       "rollouts/std": jnp.std(counts), "active_fraction": jnp.mean(active),
       "useful_group_fraction": jnp.sum(mixed & active) / num_active,
       "all_zero_group_fraction": jnp.sum((successes == 0) & active) / num_active,
       ("p_estimate/mean" if estimated else "p/mean"): jnp.mean(jnp.exp(log_p)),
-      ("kappa_estimate/target" if estimated else "kappa/target"): alloc.target_fidelity,
+      f"{kappa}/target": alloc.target_fidelity,
+      f"{kappa}/spread": jnp.nanmax(fidelity_active) - jnp.nanmin(fidelity_active),
   }

@@ -67,11 +67,9 @@ def _width(config, mode):
 
 def _rollout_metrics(alloc, rollouts, log_p):
   """Statistics of the trained allocation and its sampled groups."""
-  fidelity_active = jnp.where(alloc.active, alloc.fidelity, jnp.nan)
   quantiles = jnp.quantile(jnp.exp(log_p), jnp.array([0.1, 0.5, 0.9]))
   return allocation.rollout_metrics(alloc, jnp.sum(rollouts.rewards, axis=1), log_p) | {
       "p/q10": quantiles[0], "p/q50": quantiles[1], "p/q90": quantiles[2],
-      "kappa/spread": jnp.nanmax(fidelity_active) - jnp.nanmin(fidelity_active),
   }
 
 

@@ -1,0 +1,7 @@
+"""LLM post-training with Tunix (DESIGN §4); needs the `[llm]` extra (google-tunix).
+
+* `learner`: MaxRL advantage estimators registered with Tunix, a policy loss
+  normalised by the rollout budget, and `SeraLearner`, Tunix's GRPO learner
+  with SERA's variable rollouts per prompt;
+* `tiny`: a digit-sum task and a 2-layer decoder that train on a CPU.
+"""

@@ -1,0 +1,140 @@
+"""A tiny verifiable LLM task that trains on a CPU: the tests' and benchmarks' stand-in.
+
+Digit sums "a+b=" with a dataset index each, a character tokenizer, a random
+2-layer Qwen2 decoder from Tunix's model classes, a reward with a per-prompt
+difficulty, and the RLCluster (actor, reference, vanilla rollout) on one device.
+"""
+
+import jax
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
+from tunix.models.qwen2 import model as qwen2
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.rl.rollout import base_rollout
+from tunix.sft import metrics_logger
+
+CHARS = "0123456789+= "
+DATASET_SIZE = 16  # prompts a+b= with a + b < 10
+
+
+class CharTokenizer:
+  """What Tunix's tokenizer adapter asks of a tokenizer: pad 0, bos 1, eos 2, then CHARS."""
+  PAD, BOS, EOS = 0, 1, 2
+  vocab_size = 3 + len(CHARS)
+
+  def encode(self, text: str, **unused) -> list[int]:
+    return [3 + CHARS.index(c) for c in text]
+
+  def decode(self, ids, **unused) -> str:
+    return "".join(CHARS[int(i) - 3] for i in ids if int(i) >= 3)
+
+  def bos_id(self) -> int:
+    return self.BOS
+
+  def eos_id(self) -> int:
+    return self.EOS
+
+  def pad_id(self) -> int:
+    return self.PAD
+
+
+def dataset(num_batches: int, batch_size: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+  """Batches of prompts "a+b=" with their answer and dataset index, epoch after epoch."""
+  rng = np.random.default_rng(seed)
+  first = rng.integers(0, 10, DATASET_SIZE)
+  second = np.array([rng.integers(0, 10 - a) for a in first])
+  prompts = np.array([f"{a}+{b}=" for a, b in zip(first, second, strict=True)])
+  answers = np.array([str(a + b) for a, b in zip(first, second, strict=True)])
+  batches = []
+  for step in range(num_batches):
+    epoch, position = divmod(step, DATASET_SIZE // batch_size)
+    order = np.random.default_rng([seed, epoch]).permutation(DATASET_SIZE)
+    ids = order[position * batch_size:(position + 1) * batch_size]
+    batches.append({"prompts": prompts[ids], "answer": answers[ids], "idx": ids.astype(np.int64)})
+  return batches
+
+
+def slack_reward(prompts, completions, answer, idx, **unused) -> list[float]:
+  """1 when the completion starts with a digit within 2 (idx % 5) of the sum: prompts differ
+  in difficulty (from exact to nearly any digit), which is what SERA allocates by."""
+  def solved(completion: str, target: str, slack: int) -> bool:
+    return completion[:1].isdigit() and abs(int(completion[0]) - int(target)) <= slack
+  return [float(solved(c, a, 2 * (int(i) % 5)))
+          for c, a, i in zip(completions, answer, idx, strict=True)]
+
+
+def mesh() -> jax.sharding.Mesh:
+  return jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def decoder(seed: int = 0) -> qwen2.Qwen2:
+  """A random 2-layer Qwen2 with untied embeddings (tied ones echo the last prompt token)."""
+  config = qwen2.ModelConfig(num_layers=2, vocab_size=CharTokenizer.vocab_size, embed_dim=32,
+                             hidden_dim=64, num_heads=2, head_dim=16, num_kv_heads=1,
+                             rope_theta=10_000, norm_eps=1e-6, use_tied_embedding=False)
+  return qwen2.Qwen2(config, rngs=nnx.Rngs(seed))
+
+
+def cluster(max_steps: int, *, checkpoint_dir: str | None = None, save_every: int = 2,
+            log_dir: str | None = None, learning_rate: float = 1e-2) -> rl_cluster_lib.RLCluster:
+  """An RLCluster of the tiny decoder (actor, reference, vanilla rollout) on one CPU device."""
+  the_mesh = mesh()
+  options = None
+  if checkpoint_dir:
+    options = ocp.CheckpointManagerOptions(save_interval_steps=save_every, max_to_keep=2)
+  config = rl_cluster_lib.ClusterConfig(
+      role_to_mesh={role: the_mesh for role in (rl_cluster_lib.Role.ACTOR,
+                                                rl_cluster_lib.Role.REFERENCE,
+                                                rl_cluster_lib.Role.ROLLOUT)},
+      rollout_engine="vanilla",
+      offload_to_cpu=False,
+      training_config=rl_cluster_lib.RLTrainingConfig(
+          actor_optimizer=optax.adam(learning_rate), eval_every_n_steps=10_000,
+          max_steps=max_steps, checkpoint_root_directory=checkpoint_dir,
+          checkpointing_options=options,
+          metrics_logging_options=metrics_logger.MetricsLoggerOptions(
+              log_dir=log_dir, backend_kwargs={"custom_backend": []}) if log_dir else None),
+      rollout_config=base_rollout.RolloutConfig(max_tokens_to_generate=3, max_prompt_length=8,
+                                                kv_cache_size=32, temperature=1.0, top_p=1.0))
+  with jax.set_mesh(the_mesh):
+    return rl_cluster_lib.RLCluster(actor=decoder(), reference=decoder(),
+                                    tokenizer=CharTokenizer(), cluster_config=config)
+
+
+BATCH_SIZE, BASELINE_N, N_MAX = 4, 4, 16  # M prompts a step, N0, n_max: B = 16 rollouts
+
+
+def train_sera(num_steps: int, checkpoint_dir: str | None = None):
+  """Trains the tiny decoder with `SeraLearner` to `num_steps` (resuming checkpoint_dir).
+
+  Returns:
+    The learner (its `historical`, `batches_seen` and `last_counts`).
+  """
+  from sera_jax.settings.llm import learner as sera_learner  # the module registers with Tunix
+  config = sera_learner.SeraConfig(num_generations=BASELINE_N, n_min=2, n_max=N_MAX,
+                                   dataset_size=DATASET_SIZE)
+  learner = sera_learner.SeraLearner(cluster(num_steps, checkpoint_dir=checkpoint_dir), config,
+                                     slack_reward)
+  with jax.set_mesh(mesh()):
+    learner.train(dataset(num_steps, BATCH_SIZE))
+  return learner
+
+
+def main(argv: list[str] | None = None) -> None:
+  import argparse
+  parser = argparse.ArgumentParser(
+      prog="python -m sera_jax.settings.llm.tiny",
+      description="Train the tiny digit-sum decoder with SERA inside Tunix on this machine.")
+  parser.add_argument("--steps", type=int, default=8)
+  parser.add_argument("--checkpoint_dir", default=None,
+                      help="Tunix checkpoints and the SERA estimator (resumed when present)")
+  args = parser.parse_args(argv)
+  learner = train_sera(args.steps, args.checkpoint_dir)
+  last = "none trained now" if learner.last_counts is None else learner.last_counts.tolist()
+  print(f"{learner.batches_seen} batches allocated; the last one's counts: {last}")
+
+
+if __name__ == "__main__":
+  main()

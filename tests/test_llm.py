@@ -1,0 +1,157 @@
+"""SERA inside Tunix (the [llm] extra): registered estimators, peer parity with Tunix's own
+GRPO learner, and a tiny decoder trained, stopped and resumed with SERA's allocation."""
+
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from tunix.rl import function_registry
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.rl.grpo import grpo_learner
+
+import sera_jax
+from sera_jax.settings.llm import learner as sera_llm
+from sera_jax.settings.llm import tiny
+
+N0, M = 4, 4
+TRAIN = rl_cluster_lib.Mode.TRAIN
+
+
+def _estimator(name: str):
+  return function_registry.get_advantage_estimator(name)
+
+
+def test_registered_maxrl_estimators_are_sera_jax_on_tunix_groups():
+  rewards = (np.random.default_rng(0).uniform(size=6 * N0) < 0.3).astype(np.float32)
+  groups = rewards.reshape(-1, N0)
+  for name in ("maxrl", "maxrl_plain"):
+    got = _estimator(name)(rewards=rewards, num_generations=N0)
+    want = sera_jax.advantages(groups, np.ones(groups.shape, bool), estimator=name)
+    np.testing.assert_array_equal(got, np.asarray(want).reshape(-1))
+
+
+def test_tunix_grpo_is_our_sample_std_grpo():
+  rewards = (np.random.default_rng(1).uniform(size=8 * N0) < 0.5).astype(np.float32)
+  tunix = _estimator("grpo")(rewards=rewards, num_generations=N0)
+  ours = sera_jax.flat_advantages(rewards, np.repeat(np.arange(8), N0), num_prompts=8,
+                                  estimator="grpo_sample_std")
+  np.testing.assert_allclose(ours, tunix, rtol=1e-6, atol=1e-6)
+  assert not np.allclose(ours, sera_jax.flat_advantages(
+      rewards, np.repeat(np.arange(8), N0), num_prompts=8, estimator="grpo"))
+
+
+def test_sera_config_rejects_bad_values():
+  with pytest.raises(ValueError, match="allocation must be one of"):
+    sera_llm.SeraConfig(num_generations=N0, dataset_size=16, allocation="greedy")
+  with pytest.raises(ValueError, match="dataset_size must be >= 1"):
+    sera_llm.SeraConfig(num_generations=N0)
+  with pytest.raises(ValueError, match="num_iterations must be 1"):
+    sera_llm.SeraConfig(num_generations=N0, dataset_size=16, num_iterations=2)
+
+
+def _prepared(learner):
+  """Sets the micro-batch sizes `train()` would (its rollouts are one batch of B)."""
+  learner._rollout_micro_batch_size = M
+  learner._compute_logps_micro_batch_size = M
+  return learner
+
+
+def _loss_and_grads(cluster, learner, example):
+  loss_fn = function_registry.get_policy_loss_fn(learner.algo_config.policy_loss_fn)
+  tokenizer = cluster.tokenizer
+
+  def loss(model):
+    return loss_fn(model, example, algo_config=learner.algo_config, pad_id=tokenizer.pad_id(),
+                   eos_id=tokenizer.eos_id())
+
+  (value, _), grads = nnx.value_and_grad(loss, has_aux=True)(cluster.actor_trainer.model)
+  return value, jax.tree.leaves(nnx.state(grads, nnx.Param))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stock_estimator, ours", [("maxrl", "maxrl"),
+                                                   ("grpo", "grpo_sample_std")])
+def test_uniform_learner_equals_tunix_grpo_learner_on_the_same_rollouts(stock_estimator, ours):
+  """Same batch, same weights, same sampler seed: the same rollouts, advantages, loss, grads."""
+  batch = tiny.dataset(1, M)[0]
+  stock_cluster, our_cluster = tiny.cluster(1), tiny.cluster(1)
+  stock = _prepared(grpo_learner.GRPOLearner(
+      stock_cluster, grpo_learner.GRPOConfig(
+          num_generations=N0, beta=0.0, advantage_estimator=stock_estimator,
+          policy_loss_fn=sera_llm.BUDGET_NORM_LOSS, loss_agg_mode=sera_llm.TOKEN_SUM_NORM),
+      tiny.slack_reward))
+  learner = _prepared(sera_llm.SeraLearner(
+      our_cluster, sera_llm.SeraConfig(num_generations=N0, allocation="uniform",
+                                       estimator=ours, dataset_size=tiny.DATASET_SIZE),
+      tiny.slack_reward))
+  repeated = jax.tree.map(lambda v: np.repeat(v, N0, axis=0), batch)
+  with jax.set_mesh(tiny.mesh()):
+    want = stock._generate_and_compute_advantage(repeated, TRAIN)
+    (got,) = learner._process_accumulated_batches([batch], [M], TRAIN)
+    np.testing.assert_array_equal(got.completion_ids, want.completion_ids)
+    assert 0 < float(jnp.mean(learner._rewards.value)) < 1  # mixed groups: nonzero advantages
+    np.testing.assert_allclose(got.advantages, want.advantages, rtol=1e-6, atol=1e-6)
+    loss, grads = _loss_and_grads(our_cluster, learner, got)
+    want_loss, want_grads = _loss_and_grads(stock_cluster, stock, want)
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-6, atol=1e-8)
+  assert float(jnp.max(jnp.abs(jnp.concatenate([g.ravel() for g in want_grads])))) > 0
+  for g, w in zip(grads, want_grads, strict=True):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+
+
+@pytest.fixture
+def allocations(monkeypatch):
+  """Every training batch's (estimated log p, counts), as the learner reports them."""
+  recorded = []
+  process = sera_llm.SeraLearner._process_accumulated_batches
+
+  def recording(self, micro_batches, micro_batch_sizes, mode):
+    produced = process(self, micro_batches, micro_batch_sizes, mode)
+    if mode == TRAIN and produced:
+      recorded.append((self.last_log_p, self.last_counts))
+    return produced
+
+  monkeypatch.setattr(sera_llm.SeraLearner, "_process_accumulated_batches", recording)
+  return recorded
+
+
+@pytest.mark.slow
+def test_sera_trains_a_tiny_decoder_and_resumes_with_the_same_estimator_and_counts(
+    tmp_path, allocations):
+  """An uninterrupted 8-step run against one SIGKILLed after a checkpoint and resumed."""
+  killed_dir = tmp_path / "killed"
+  process = subprocess.Popen([sys.executable, "-m", "sera_jax.settings.llm.tiny", "--steps=8",
+                              f"--checkpoint_dir={killed_dir}"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  whole = tiny.train_sera(8, str(tmp_path / "whole"))
+  whole_steps = list(allocations)
+  assert len(whole_steps) == 8
+  deadline = time.time() + 300
+  while not (killed_dir / "actor" / "4").exists() and time.time() < deadline:
+    time.sleep(0.05)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  allocations.clear()
+  resumed = tiny.train_sera(8, str(killed_dir))
+  assert 0 < len(allocations) < 8, "the killed run trained none or all of its steps"
+  assert resumed.batches_seen == whole.batches_seen == 8
+  for (log_p, counts), (want_log_p, want_counts) in zip(
+      allocations, whole_steps[8 - len(allocations):], strict=True):
+    assert counts.sum() == M * N0
+    np.testing.assert_array_equal(counts, want_counts)
+    np.testing.assert_allclose(log_p, want_log_p, rtol=1e-6)
+  for got, want in zip(resumed.historical, whole.historical, strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+  # Epoch 2 (steps 4..7) allocates on the frozen estimate: exactly sera_jax.allocate's counts,
+  # and unevenly (the slack reward makes some prompts far easier than others).
+  for log_p, counts in whole_steps[4:]:
+    want = sera_jax.allocate(log_p, baseline_n=N0, n_min=2, n_max=tiny.N_MAX).counts
+    np.testing.assert_array_equal(counts, want)
+  assert any(counts.max() > N0 for _, counts in whole_steps[4:])
+  assert all((counts == N0).all() for _, counts in whole_steps[:4])  # first epoch: uniform
