@@ -132,6 +132,12 @@ def test_sera_trains_a_tiny_decoder_and_resumes_with_the_same_estimator_and_coun
   whole = tiny.train_sera(8, str(tmp_path / "whole"))
   whole_steps = list(allocations)
   assert len(whole_steps) == 8
+  logged = whole.rl_cluster.actor_trainer.metrics_logger  # beside Tunix's own (actor/loss, ...)
+  np.testing.assert_array_equal(logged.get_metric_history("rollouts", "max", "train"),
+                                [counts.max() for _, counts in whole_steps])
+  for prefix, name in (("global", "active_fraction"), ("global", "useful_group_fraction"),
+                       ("kappa_estimate", "spread"), ("p_estimate", "mean"), ("actor", "loss")):
+    assert len(logged.get_metric_history(prefix, name, "train")) == 8, (prefix, name)
   deadline = time.time() + 300
   while not (killed_dir / "actor" / "4").exists() and time.time() < deadline:
     time.sleep(0.05)
