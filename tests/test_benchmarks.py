@@ -29,12 +29,12 @@ def test_allocator_rows_match_the_reference():
 
 @pytest.mark.slow
 def test_memory_compiles_the_three_steps_of_an_imagenet_config():
-  """Compile-only memory of a small stand-in (ResNet-18 at 64x64) of the ImageNet config."""
+  """Compile-only memory of a small stand-in (an MLP on 16x16 images) of the ImageNet config."""
   config = configs.load("imagenet_resnet50")
-  config.model = "resnet18"
-  config.dataset_kwargs.image_size = 64
+  config.model = "mlp"
+  config.dataset_kwargs.image_size = 16
   small, large = memory.measure(config, 4), memory.measure(config, 32)
-  assert config.model == "resnet18" and config.batch_size == 256  # measured on a copy
+  assert config.model == "mlp" and config.batch_size == 256  # measured on a copy
   for gib in (small, large):
     assert set(gib) == set(memory.STEPS) and min(gib.values()) > 0
   for step in memory.STEPS:  # activations grow with the per-device batch
