@@ -59,17 +59,9 @@ def write_bytes(location: epath.PathLike, data: bytes) -> None:
   target.write_bytes(data)
 
 
-def copy_tree(source: str, destination: epath.PathLike) -> list[epath.Path]:
-  """Copies every file under the local directory `source` to `destination`, keeping the tree.
-
-  Returns:
-    The written files.
-  """
+def copy_tree(source: str, destination: epath.PathLike) -> None:
+  """Copies every file under the local directory `source` to `destination`, keeping the tree."""
   local = pathlib.Path(source)
-  written = []
   for file in sorted(local.rglob("*")):
     if file.is_file():
-      target = path(destination) / file.relative_to(local).as_posix()
-      write_bytes(target, file.read_bytes())
-      written.append(target)
-  return written
+      write_bytes(path(destination) / file.relative_to(local).as_posix(), file.read_bytes())
