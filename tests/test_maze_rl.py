@@ -1,6 +1,5 @@
-"""Tests of maze RL: pass@k, the rollout layout and the MazeTask protocol."""
+"""Tests of maze RL: the rollout layout and the MazeTask protocol."""
 
-import math
 
 import jax
 import jax.numpy as jnp
@@ -20,16 +19,6 @@ def _config(**overrides):
                      num_eval_mazes=2, eval_batch_size=2, dim=16, num_layers=1, num_heads=2,
                      warmup_steps=3, num_steps=9) | overrides)
   return config
-
-
-def test_pass_at_k_matches_binomial_formula():
-  successes = np.array([0, 1, 7, 100, 255, 256])
-  got = maze_rl.pass_at_k(successes, 256)
-  want = [np.mean([1 - math.comb(256 - c, k) / math.comb(256, k) for c in successes])
-          for k in maze_rl.PASS_AT_K]
-  np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
-  with pytest.raises(ValueError, match=r"\[1, n = 4\]"):
-    maze_rl.pass_at_k(successes, 4, ks=(8,))
 
 
 def test_maze_success_is_averaged_over_every_maze_of_the_batch():

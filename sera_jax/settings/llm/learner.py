@@ -90,6 +90,10 @@ class SeraConfig(grpo_learner.GRPOConfig):
       under `index_key`, and an epoch is P / M batches.
     index_key: the batch key of the dataset index.
     discount, alpha0, beta0: the historical estimator (DESIGN §1.5).
+    rollout_seed: when set, each generation samples with its own key,
+      fold_in(PRNGKey(rollout_seed), step); Tunix's sampler otherwise draws every
+      batch with PRNGKey(0), so a prompt that returns to the same rows of a later
+      batch meets the same sampling noise.
   """
   allocation: str = "sera"
   estimator: str = "maxrl"
@@ -103,6 +107,7 @@ class SeraConfig(grpo_learner.GRPOConfig):
   discount: float = 0.75
   alpha0: float = 0.5
   beta0: float = 0.5
+  rollout_seed: int | None = None
   policy_loss_fn: str = BUDGET_NORM_LOSS
   loss_agg_mode: str = TOKEN_SUM_NORM
   beta: float = 0.0
@@ -146,6 +151,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     self.historical = success.historical_init(algo_config.dataset_size)
     self.batches_seen = 0
     self.last_counts = self.last_log_p = None
+    self._evaluations = 0
     self._allocate_step = jax.jit(self._allocate_fn)
     self._finish_step = jax.jit(self._finish_fn)
     self._save_with_checkpoints()
@@ -182,6 +188,8 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     historical, alloc, log_p = self._allocate_step(self.historical, ids, new_epoch, training)
     counts = np.asarray(alloc.counts)
     requests = jax.tree.map(lambda value: np.repeat(np.asarray(value), counts, axis=0), batch)
+    if config.rollout_seed is not None:
+      self._seed_rollout(mode)
     example = self._generate_and_compute_advantage(requests, mode)
     advantages, historical, metrics = self._finish_step(historical, ids, self._rewards.value,
                                                         alloc, log_p)
@@ -195,6 +203,19 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     size = budget // slices
     return [rl_utils.get_batch_slice(example, slice(i * size, (i + 1) * size))
             for i in range(slices)]
+
+  def _seed_rollout(self, mode) -> None:
+    """Sets the key of the next generation in `mode`: training batches by their count,
+    evaluation batches by theirs."""
+    rollout_config = self.rl_cluster.cluster_config.rollout_config
+    if isinstance(rollout_config, dict):
+      rollout_config = rollout_config[mode]
+    training = mode == rl_cluster_lib.Mode.TRAIN
+    if not training:
+      self._evaluations += 1
+    key = jax.random.fold_in(jax.random.PRNGKey(self.algo_config.rollout_seed), int(training))
+    rollout_config.seed = jax.random.fold_in(
+        key, self.batches_seen if training else self._evaluations)
 
   # ---- allocation and the historical estimator (jitted) -------------------------------------
 

@@ -8,12 +8,12 @@ difficulty, and the RLCluster (actor, reference, vanilla rollout) on one device.
 import jax
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from flax import nnx
 from tunix.models.qwen2 import model as qwen2
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.rollout import base_rollout
-from tunix.sft import metrics_logger
+
+from sera_jax.settings.llm import cluster as cluster_lib
 
 CHARS = "0123456789+= "
 DATASET_SIZE = 16  # prompts a+b= with a + b < 10
@@ -80,27 +80,12 @@ def decoder(seed: int = 0) -> qwen2.Qwen2:
 def cluster(max_steps: int, *, checkpoint_dir: str | None = None, save_every: int = 2,
             log_dir: str | None = None, learning_rate: float = 1e-2) -> rl_cluster_lib.RLCluster:
   """An RLCluster of the tiny decoder (actor, reference, vanilla rollout) on one CPU device."""
-  the_mesh = mesh()
-  options = None
-  if checkpoint_dir:
-    options = ocp.CheckpointManagerOptions(save_interval_steps=save_every, max_to_keep=2)
-  config = rl_cluster_lib.ClusterConfig(
-      role_to_mesh={role: the_mesh for role in (rl_cluster_lib.Role.ACTOR,
-                                                rl_cluster_lib.Role.REFERENCE,
-                                                rl_cluster_lib.Role.ROLLOUT)},
-      rollout_engine="vanilla",
-      offload_to_cpu=False,
-      training_config=rl_cluster_lib.RLTrainingConfig(
-          actor_optimizer=optax.adam(learning_rate), eval_every_n_steps=10_000,
-          max_steps=max_steps, checkpoint_root_directory=checkpoint_dir,
-          checkpointing_options=options,
-          metrics_logging_options=metrics_logger.MetricsLoggerOptions(
-              log_dir=log_dir, backend_kwargs={"custom_backend": []}) if log_dir else None),
-      rollout_config=base_rollout.RolloutConfig(max_tokens_to_generate=3, max_prompt_length=8,
-                                                kv_cache_size=32, temperature=1.0, top_p=1.0))
-  with jax.set_mesh(the_mesh):
-    return rl_cluster_lib.RLCluster(actor=decoder(), reference=decoder(),
-                                    tokenizer=CharTokenizer(), cluster_config=config)
+  rollout = base_rollout.RolloutConfig(max_tokens_to_generate=3, max_prompt_length=8,
+                                       kv_cache_size=32, temperature=1.0, top_p=1.0)
+  return cluster_lib.build(decoder(), CharTokenizer(), mesh(), reference=decoder(),
+                           optimizer=optax.adam(learning_rate), max_steps=max_steps,
+                           rollout_config=rollout, checkpoint_dir=checkpoint_dir,
+                           save_every=save_every, log_dir=log_dir)
 
 
 BATCH_SIZE, BASELINE_N, N_MAX = 4, 4, 16  # M prompts a step, N0, n_max: B = 16 rollouts

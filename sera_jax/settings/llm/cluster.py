@@ -1,0 +1,57 @@
+"""An RLCluster for the SERA learner: actor (and optional reference) on one mesh.
+
+Every role shares `mesh`; generation uses Tunix's vanilla sampler (no vLLM),
+so the same builder serves the CPU tasks and a single accelerator host.
+"""
+
+import jax
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.rl.rollout import base_rollout
+from tunix.sft import metrics_logger
+
+ROLES = (rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE, rl_cluster_lib.Role.ROLLOUT)
+
+
+def build(actor: nnx.Module, tokenizer, mesh: jax.sharding.Mesh, *,
+          optimizer: optax.GradientTransformation, max_steps: int,
+          rollout_config: base_rollout.RolloutConfig, reference: nnx.Module | None = None,
+          checkpoint_dir: str | None = None, save_every: int = 100, max_to_keep: int = 2,
+          log_dir: str | None = None) -> rl_cluster_lib.RLCluster:
+  """The cluster `SeraLearner` (or Tunix's GRPOLearner) trains.
+
+  Args:
+    actor: the policy to train (a Tunix model).
+    tokenizer: anything with encode/decode/bos_id/eos_id/pad_id.
+    mesh: the mesh of every role (axes "fsdp" and "tp").
+    optimizer: the actor's optax transformation.
+    max_steps: training steps (optimizer steps).
+    rollout_config: generation lengths, temperature and the KV cache size.
+    reference: the frozen reference policy, needed only for a KL penalty (beta > 0).
+    checkpoint_dir: Tunix checkpoints (and SERA's estimator) go here, a local
+      path or a gs:// URL; resumed when it holds some.
+    save_every, max_to_keep: the checkpoint interval (steps) and how many to keep.
+    log_dir: Tunix's metrics logger writes TensorBoard events here.
+  """
+  options = None
+  if checkpoint_dir:
+    options = ocp.CheckpointManagerOptions(save_interval_steps=save_every,
+                                           max_to_keep=max_to_keep)
+  logging = None
+  if log_dir:
+    logging = metrics_logger.MetricsLoggerOptions(log_dir=log_dir,
+                                                  backend_kwargs={"custom_backend": []})
+  config = rl_cluster_lib.ClusterConfig(
+      role_to_mesh=dict.fromkeys(ROLES, mesh),
+      rollout_engine="vanilla",
+      offload_to_cpu=False,
+      training_config=rl_cluster_lib.RLTrainingConfig(
+          actor_optimizer=optimizer, eval_every_n_steps=10_000_000, max_steps=max_steps,
+          checkpoint_root_directory=checkpoint_dir, checkpointing_options=options,
+          metrics_logging_options=logging),
+      rollout_config=rollout_config)
+  with jax.set_mesh(mesh):
+    return rl_cluster_lib.RLCluster(actor=actor, reference=reference, tokenizer=tokenizer,
+                                    cluster_config=config)
