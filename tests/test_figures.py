@@ -137,3 +137,35 @@ def test_maze_figure_smoke(tmp_path, capsys):
       assert float(r["seed1"]) == pytest.approx(
           float(sera["seed1"]) - float(uniform["seed1"]), abs=2e-4)
   assert "share their shortest path" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_math_figure_smoke_reuses_finished_runs_and_refuses_other_settings(tmp_path, capsys,
+                                                                          monkeypatch):
+  from sera_jax.harness.figures import math as math_figure  # needs the [llm] extra
+  args = ["--tiny", "--seeds", "2", "--methods", "sera", "uniform", "--workdir",
+          str(tmp_path / "runs"), "--out", str(tmp_path)]
+  math_figure.main(args)
+  rows = _read_csv(tmp_path / "math_passk_tiny.csv")
+  assert {r["method"] for r in rows} == {"warm start", "sera", "uniform", "sera - uniform"}
+  value = {(r["method"], r["k"], s): float(r[f"seed{s}"]) for r in rows for s in (0, 1)}
+  for (method, k, s), difference in value.items():
+    if method == "sera - uniform":
+      assert difference == pytest.approx(value["sera", k, s] - value["uniform", k, s], abs=2e-4)
+  assert [int(r["k"]) for r in rows if r["method"] == "sera"] == list(math_figure.PASS_AT_K)
+  assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [
+      "sera-seed0.json", "sera-seed1.json", "uniform-seed0.json", "uniform-seed1.json",
+      "warm-seed0.json", "warm-seed1.json"]
+  first = capsys.readouterr().out
+  def train_again(*unused):
+    raise AssertionError("a finished run trained again")
+  monkeypatch.setattr(math_figure, "warm_start", train_again)
+  monkeypatch.setattr(math_figure, "reinforce", train_again)
+  math_figure.main(args)  # every run is there: nothing trains again, the same table
+  def tables(out):
+    return out[out.index("| |"):out.index("total")]
+  assert tables(capsys.readouterr().out) == tables(first)
+  config = math_figure.get_config(tiny=True)
+  config.rl_steps += 1
+  with pytest.raises(SystemExit, match="another --workdir"):
+    math_figure._cached(tmp_path / "runs" / "sera-seed0.json", config, dict)

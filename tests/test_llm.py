@@ -54,6 +54,22 @@ def test_sera_config_rejects_bad_values():
   with pytest.raises(ValueError, match="num_iterations must be 1"):
     sera_llm.SeraConfig(num_generations=N0, dataset_size=16, num_iterations=2)
 
+def test_batches_cover_each_problem_once_an_epoch_in_a_fresh_seeded_order():
+  columns = {"prompts": np.array([f"q{i}" for i in range(10)]),
+             "answer": np.arange(10).astype(str), "idx": np.arange(10)}
+  stream = sera_llm.epoch_batches(columns, 3, seed=1)
+  first, second = ([next(stream) for _ in range(3)] for _ in range(2))  # 3 batches an epoch
+  for epoch in (first, second):
+    ids = np.concatenate([batch["idx"] for batch in epoch])
+    assert len(set(ids)) == 9  # one problem left over each epoch
+    for batch in epoch:
+      np.testing.assert_array_equal(batch["prompts"], np.char.add("q", batch["idx"].astype(str)))
+  assert not np.array_equal(first[0]["idx"], second[0]["idx"])
+  np.testing.assert_array_equal(next(sera_llm.epoch_batches(columns, 3, seed=1))["idx"],
+                                first[0]["idx"])
+  with pytest.raises(ValueError, match=r"batch_size must lie in \[1, 10\]"):
+    next(sera_llm.epoch_batches(columns, 11, seed=1))
+
 
 def _prepared(learner):
   """Sets the micro-batch sizes `train()` would (its rollouts are one batch of B)."""
@@ -103,6 +119,39 @@ def test_uniform_learner_equals_tunix_grpo_learner_on_the_same_rollouts(stock_es
   assert float(jnp.max(jnp.abs(jnp.concatenate([g.ravel() for g in want_grads])))) > 0
   for g, w in zip(grads, want_grads, strict=True):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+
+
+def test_sera_config_checks_the_generation_batch():
+  with pytest.raises(ValueError, match="multiple of num_generations"):
+    sera_llm.SeraConfig(num_generations=N0, dataset_size=16, generation_batch_size=6)
+  with pytest.raises(ValueError, match="must divide the batch_size"):
+    tiny.cluster(1, train_micro_batch_size=3)
+
+
+@pytest.mark.slow
+def test_generation_and_training_in_chunks_still_allocate_over_the_whole_batch():
+  """B = 16 generated 8 at a time and trained 2 prompts' rollouts at a time: one allocation
+  of the 4 prompts and one optimizer step a batch."""
+  cluster = tiny.cluster(2, train_micro_batch_size=2)
+  chunks = []
+  generate = cluster.generate
+
+  def recording(prompts, **kwargs):
+    chunks.append((len(prompts), kwargs["micro_batch_size"]))
+    return generate(prompts, **kwargs)
+
+  cluster.generate = recording
+  learner = sera_llm.SeraLearner(
+      cluster, sera_llm.SeraConfig(num_generations=N0, n_max=tiny.N_MAX,
+                                   dataset_size=tiny.DATASET_SIZE, generation_batch_size=8),
+      tiny.slack_reward)
+  with jax.set_mesh(tiny.mesh()):
+    learner.train(tiny.dataset(2, M))
+  assert chunks == [(M * N0, 8)] * 2
+  assert learner.batches_seen == 2 and learner.last_counts.shape == (M,)
+  assert cluster.actor_trainer.train_steps == 2
+  assert len(cluster.actor_trainer.metrics_logger.get_metric_history("actor", "loss",
+                                                                     "train")) == 2
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ import orbax.checkpoint as ocp
 from scipy import stats
 
 from sera_jax.common import files
+from sera_jax.common.plots import plt, save_figure
 from sera_jax.harness import configs, train
 from sera_jax.method import allocation, success
 from sera_jax.settings.classification import gradients
@@ -247,3 +248,75 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
   widths = [max(len(str(h)), *(len(r[i]) for r in cells)) for i, h in enumerate(header)]
   line = lambda row: "  ".join(str(v).rjust(w) for v, w in zip(row, widths, strict=True))  # noqa: E731
   return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, cells)])
+
+
+# ----------------------------------------------------------------------------- pass@k figures
+
+
+def paired_differences(results: Mapping[str, Mapping[int, Sequence[float]]], seeds: Sequence[int],
+                       *, baseline: str = "uniform", exclude: Sequence[str] = ()
+                       ) -> dict[str, np.ndarray]:
+  """{"M - baseline": [S, K] per-seed differences} for every method M but the baseline and
+  `exclude` (references such as the warm start): the comparison paired by seed."""
+  if baseline not in results:
+    return {}
+  reference = np.array([results[baseline][s] for s in seeds])
+  return {f"{method} - {baseline}": np.array([per_seed[s] for s in seeds]) - reference
+          for method, per_seed in results.items() if method not in (baseline, *exclude)}
+
+
+def write_pass_at_k_csv(results, seeds: Sequence[int], ks: Sequence[int], path: str, *,
+                        exclude: Sequence[str] = ()) -> None:
+  """Every method's pass@k per seed and k, then the paired differences to uniform."""
+  rows = [row for method, per_seed in results.items()
+          for row in per_seed_rows({"method": method}, [per_seed[s] for s in seeds], seeds, ks,
+                                   digits=4)]
+  rows += [row for name, values in paired_differences(results, seeds, exclude=exclude).items()
+           for row in per_seed_rows({"method": name}, values, seeds, ks, digits=4)]
+  files.write_csv(path, rows)
+
+
+def plot_pass_at_k(results, seeds: Sequence[int], ks: Sequence[int], path: str, *, title: str,
+                   what: str, styles: Mapping[str, Mapping[str, Any]] | None = None,
+                   exclude: Sequence[str] = ()) -> None:
+  """Left: pass@k (mean ± std over seeds) per method; right: the paired differences to
+  uniform with their 95% intervals. `what` names the evaluation set."""
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  for method, per_seed in results.items():
+    values = np.array([per_seed[s] for s in seeds])
+    left.errorbar(ks, values.mean(0), yerr=values.std(0), marker="o", capsize=3, label=method,
+                  **(styles or {}).get(method, {}))
+  for name, diff in paired_differences(results, seeds, exclude=exclude).items():
+    mean, half = mean_interval(diff, axis=0)
+    right.errorbar(ks, mean, yerr=half, marker="o", capsize=3, label=name)
+  right.axhline(0.0, color="black", linewidth=0.8)
+  left.set(ylabel=f"pass@k ({what}, mean ± std)")
+  right.set(ylabel="pass@k difference, paired by seed (95% CI)")
+  for axis in (left, right):
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("k")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  save_figure(fig, path, dpi=120)
+
+
+def pass_at_k_tables(results, seeds: Sequence[int], ks: Sequence[int], *,
+                     exclude: Sequence[str] = ()) -> str:
+  """Markdown tables: pass@k mean ± std per method, then the paired differences to uniform
+  (mean ± 95% interval half-width)."""
+  def table(rows, number):
+    lines = [f"| | {' | '.join(f'pass@{k}' for k in ks)} |", f"|---|{'---|' * len(ks)}"]
+    for name, (centre, spread) in rows.items():
+      cells = " | ".join(f"{number.format(c)} ± {h:.3f}"
+                         for c, h in zip(centre, spread, strict=True))
+      lines.append(f"| {name} | {cells} |")
+    return "\n".join(lines)
+
+  spread = {method: (np.mean(v := np.array([per_seed[s] for s in seeds]), 0), np.std(v, 0))
+            for method, per_seed in results.items()}
+  paired = {name: mean_interval(diff, axis=0)
+            for name, diff in paired_differences(results, seeds, exclude=exclude).items()}
+  return (table(spread, "{:.3f}") + "\n\npaired by seed, mean and 95% interval:\n"
+          + table(paired, "{:+.3f}"))

@@ -21,10 +21,8 @@ import os
 import time
 
 import jax
-import numpy as np
 
 from sera_jax.common import files
-from sera_jax.common.plots import plt, save_figure
 from sera_jax.harness import configs, train
 from sera_jax.harness.figures import common
 from sera_jax.settings.maze.task import PASS_AT_K, MazeTask, replay_pass_at_k
@@ -53,65 +51,7 @@ def warm_start_pass_at_k(config, seed: int) -> list[float]:
   return [scores[f"pass@{k}"] for k in PASS_AT_K]
 
 
-def paired_differences(results: dict, seeds: list[int], baseline: str = "uniform") -> dict:
-  """{"M - baseline": [[difference per k] per seed]} for every RL method M beside the baseline."""
-  if baseline not in results:
-    return {}
-  reference = np.array([results[baseline][s] for s in seeds])
-  return {f"{method} - {baseline}": np.array([per_seed[s] for s in seeds]) - reference
-          for method, per_seed in results.items()
-          if method not in (baseline, WARM_START, MAZE_BLIND)}
-
-
-def write_csv(results: dict, seeds: list[int], path: str) -> None:
-  rows = [row for method, per_seed in results.items()
-          for row in common.per_seed_rows({"method": method}, [per_seed[s] for s in seeds],
-                                           seeds, PASS_AT_K, digits=4)]
-  rows += [row for name, values in paired_differences(results, seeds).items()
-           for row in common.per_seed_rows({"method": name}, values, seeds, PASS_AT_K,
-                                           digits=4)]
-  files.write_csv(path, rows)
-
-
-def plot(results: dict, seeds: list[int], config, held_out, path: str) -> None:
-  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-  styles = {WARM_START: dict(linestyle="--", color="gray"),
-            MAZE_BLIND: dict(linestyle=":", color="black")}
-  for method, per_seed in results.items():
-    values = np.array([per_seed[s] for s in seeds])
-    left.errorbar(PASS_AT_K, values.mean(0), yerr=values.std(0), marker="o", capsize=3,
-                  label=method, **styles.get(method, {}))
-  for name, diff in paired_differences(results, seeds).items():
-    mean, half = common.mean_interval(diff, axis=0)
-    right.errorbar(PASS_AT_K, mean, yerr=half, marker="o", capsize=3, label=name)
-  right.axhline(0.0, color="black", linewidth=0.8)
-  left.set(ylabel="pass@k (held-out mazes, mean ± std)")
-  right.set(ylabel="pass@k difference, paired by seed (95% CI)")
-  for axis in (left, right):
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("k")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
-  unseen = "unseen in training" if config.novel_eval_paths else "not filtered"
-  fig.suptitle(f"{config.maze_size}x{config.maze_size} mazes, B = {config.batch_size} x "
-               f"{config.baseline_n} rollouts/step, {config.num_steps - config.warmup_steps} RL "
-               f"steps, {len(seeds)} seeds; {config.num_eval_mazes} held-out mazes with paths "
-               f"{unseen} ({held_out.seen_fraction:.0%} of generated mazes share a training path)",
-               fontsize=9)
-  fig.tight_layout()
-  save_figure(fig, path, dpi=120)
-
-
-def _table(rows: dict[str, tuple[np.ndarray, np.ndarray]], *, signed: bool) -> str:
-  """A markdown table of "centre ± spread" per k, one row per name."""
-  number = "{:+.3f}" if signed else "{:.3f}"
-  lines = [f"| | {' | '.join(f'pass@{k}' for k in PASS_AT_K)} |",
-           f"|---|{'---|' * len(PASS_AT_K)}"]
-  for name, (centre, spread) in rows.items():
-    cells = " | ".join(f"{number.format(c)} ± {h:.3f}"
-                       for c, h in zip(centre, spread, strict=True))
-    lines.append(f"| {name} | {cells} |")
-  return "\n".join(lines)
+REFERENCES = (WARM_START, MAZE_BLIND)  # not RL methods: no paired difference to uniform
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -149,12 +89,15 @@ def main(argv: list[str] | None = None) -> None:
       print(f"seed {seed} {method}: pass@1 {last['pass@1']:.3f}  pass@256 "
             f"{last['pass@256']:.3f}  ({time.time() - start:.0f} s)", flush=True)
   png, csv = common.output_paths(args.out, NAME + "_tiny" * args.tiny)
-  write_csv(results, seeds, csv)
-  plot(results, seeds, config, held_out, png)
-  spread = {method: (np.mean(v := np.array([per_seed[s] for s in seeds]), 0), np.std(v, 0))
-            for method, per_seed in results.items()}
-  print(_table(spread, signed=False))
-  print("\npaired by seed, mean and 95% interval:")
-  print(_table({name: common.mean_interval(diff, axis=0)
-                for name, diff in paired_differences(results, seeds).items()}, signed=True))
+  common.write_pass_at_k_csv(results, seeds, PASS_AT_K, csv, exclude=REFERENCES)
+  unseen = "unseen in training" if config.novel_eval_paths else "not filtered"
+  common.plot_pass_at_k(
+      results, seeds, PASS_AT_K, png, what="held-out mazes", exclude=REFERENCES,
+      styles={WARM_START: dict(linestyle="--", color="gray"),
+              MAZE_BLIND: dict(linestyle=":", color="black")},
+      title=f"{config.maze_size}x{config.maze_size} mazes, B = {config.batch_size} x "
+      f"{config.baseline_n} rollouts/step, {config.num_steps - config.warmup_steps} RL steps, "
+      f"{len(seeds)} seeds; {config.num_eval_mazes} held-out mazes with paths {unseen} "
+      f"({held_out.seen_fraction:.0%} of generated mazes share a training path)")
+  print(common.pass_at_k_tables(results, seeds, PASS_AT_K, exclude=REFERENCES))
   print(f"total {time.time() - start:.0f} s; wrote {png} and {csv}")

@@ -19,7 +19,8 @@ def build(actor: nnx.Module, tokenizer, mesh: jax.sharding.Mesh, *,
           optimizer: optax.GradientTransformation, max_steps: int,
           rollout_config: base_rollout.RolloutConfig, reference: nnx.Module | None = None,
           checkpoint_dir: str | None = None, save_every: int = 100, max_to_keep: int = 2,
-          log_dir: str | None = None) -> rl_cluster_lib.RLCluster:
+          log_dir: str | None = None, batch_size: int | None = None,
+          train_micro_batch_size: int | None = None) -> rl_cluster_lib.RLCluster:
   """The cluster `SeraLearner` (or Tunix's GRPOLearner) trains.
 
   Args:
@@ -34,7 +35,20 @@ def build(actor: nnx.Module, tokenizer, mesh: jax.sharding.Mesh, *,
       path or a gs:// URL; resumed when it holds some.
     save_every, max_to_keep: the checkpoint interval (steps) and how many to keep.
     log_dir: Tunix's metrics logger writes TensorBoard events here.
+    batch_size, train_micro_batch_size: M prompts a step, and the prompts whose
+      rollouts one backward pass holds (gradients accumulate over M / this, one
+      optimizer step per batch); both None: the whole step at once. The
+      learner still receives all M prompts together, so SERA allocates over the
+      batch.
   """
+  micro = {}
+  if train_micro_batch_size is not None:
+    if batch_size is None or batch_size % train_micro_batch_size:
+      raise ValueError(f"train_micro_batch_size ({train_micro_batch_size}) must divide the "
+                       f"batch_size ({batch_size}).")
+    micro = dict(mini_batch_size=batch_size, rollout_micro_batch_size=batch_size,
+                 train_micro_batch_size=train_micro_batch_size,
+                 compute_logps_micro_batch_size=train_micro_batch_size)
   options = None
   if checkpoint_dir:
     options = ocp.CheckpointManagerOptions(save_interval_steps=save_every,
@@ -50,7 +64,7 @@ def build(actor: nnx.Module, tokenizer, mesh: jax.sharding.Mesh, *,
       training_config=rl_cluster_lib.RLTrainingConfig(
           actor_optimizer=optimizer, eval_every_n_steps=10_000_000, max_steps=max_steps,
           checkpoint_root_directory=checkpoint_dir, checkpointing_options=options,
-          metrics_logging_options=logging),
+          metrics_logging_options=logging, **micro),
       rollout_config=rollout_config)
   with jax.set_mesh(mesh):
     return rl_cluster_lib.RLCluster(actor=actor, reference=reference, tokenizer=tokenizer,

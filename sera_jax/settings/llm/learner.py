@@ -23,7 +23,9 @@ beside the actor's checkpoints and restored with them.
 
 import dataclasses
 import io
+import itertools
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -94,6 +96,8 @@ class SeraConfig(grpo_learner.GRPOConfig):
       fold_in(PRNGKey(rollout_seed), step); Tunix's sampler otherwise draws every
       batch with PRNGKey(0), so a prompt that returns to the same rows of a later
       batch meets the same sampling noise.
+    generation_batch_size: rollouts generated at once (a multiple of N0 that
+      divides B; all B when None): bounds the sampler's KV cache.
   """
   allocation: str = "sera"
   estimator: str = "maxrl"
@@ -108,6 +112,7 @@ class SeraConfig(grpo_learner.GRPOConfig):
   alpha0: float = 0.5
   beta0: float = 0.5
   rollout_seed: int | None = None
+  generation_batch_size: int | None = None
   policy_loss_fn: str = BUDGET_NORM_LOSS
   loss_agg_mode: str = TOKEN_SUM_NORM
   beta: float = 0.0
@@ -120,6 +125,11 @@ class SeraConfig(grpo_learner.GRPOConfig):
     validation.in_unit_interval("threshold", self.threshold)
     validation.integer("dataset_size", self.dataset_size, minimum=1)
     validation.in_unit_interval("discount", self.discount)
+    if self.generation_batch_size is not None:
+      validation.integer("generation_batch_size", self.generation_batch_size, minimum=1)
+      if self.generation_batch_size % self.num_generations:
+        raise ValueError(f"generation_batch_size ({self.generation_batch_size}) must be a "
+                         f"multiple of num_generations ({self.num_generations}).")
     if self.num_iterations != 1:
       raise ValueError(f"SeraLearner trains on-policy: num_iterations must be 1; got "
                        f"{self.num_iterations}.")
@@ -182,6 +192,10 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     if budget % slices:
       raise ValueError(f"the rollout budget B = {budget} must split into the {slices} train "
                        f"micro-batches of a step.")
+    chunk = config.generation_batch_size or budget
+    if budget % chunk:
+      raise ValueError(f"generation_batch_size ({chunk}) must divide the rollout budget "
+                       f"B = {budget}.")
     training = mode == rl_cluster_lib.Mode.TRAIN
     steps_per_epoch = max(config.dataset_size // len(ids), 1)
     new_epoch = training and self.batches_seen > 0 and self.batches_seen % steps_per_epoch == 0
@@ -190,7 +204,13 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     requests = jax.tree.map(lambda value: np.repeat(np.asarray(value), counts, axis=0), batch)
     if config.rollout_seed is not None:
       self._seed_rollout(mode)
-    example = self._generate_and_compute_advantage(requests, mode)
+    # Tunix generates rollout_micro_batch_size * N0 sequences at a time.
+    prompts_per_step, self._rollout_micro_batch_size = (self._rollout_micro_batch_size,
+                                                        chunk // config.num_generations)
+    try:
+      example = self._generate_and_compute_advantage(requests, mode)
+    finally:
+      self._rollout_micro_batch_size = prompts_per_step
     advantages, historical, metrics = self._finish_step(historical, ids, self._rewards.value,
                                                         alloc, log_p)
     example = example.replace(advantages=advantages)
@@ -296,6 +316,30 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     self.batches_seen = int(saved.pop("batches_seen"))
     self.historical = success.HistoricalState(**{name: jnp.asarray(value)
                                                  for name, value in saved.items()})
+
+
+def epoch_batches(columns: dict[str, np.ndarray], batch_size: int,
+            seed: int) -> Iterator[dict[str, np.ndarray]]:
+  """Batches of `batch_size` problems, epoch after epoch without end.
+
+  Each epoch is the permutation of np.random.default_rng([seed, epoch]) cut into
+  P // batch_size batches (the last partial one dropped), as `SeraLearner` counts epochs:
+  a resumed run (Tunix skips the batches it already trained on) sees the same batches as
+  an uninterrupted one.
+  """
+  size = len(columns["idx"])
+  if not 1 <= batch_size <= size:
+    raise ValueError(f"batch_size must lie in [1, {size}] (the training problems); "
+                     f"got {batch_size}.")
+
+  def epochs():
+    for epoch in itertools.count():
+      order = np.random.default_rng([seed, epoch]).permutation(size)
+      for start in range(0, size - batch_size + 1, batch_size):
+        rows = order[start:start + batch_size]
+        yield {key: value[rows] for key, value in columns.items()}
+
+  return epochs()
 
 
 def _npz_bytes(**arrays: Any) -> bytes:

@@ -5,6 +5,8 @@ Digit sums "a+b=" with a dataset index each, a character tokenizer, a random
 difficulty, and the RLCluster (actor, reference, vanilla rollout) on one device.
 """
 
+import itertools
+
 import jax
 import numpy as np
 import optax
@@ -14,6 +16,7 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.rollout import base_rollout
 
 from sera_jax.settings.llm import cluster as cluster_lib
+from sera_jax.settings.llm import learner as sera_learner
 
 CHARS = "0123456789+= "
 DATASET_SIZE = 16  # prompts a+b= with a + b < 10
@@ -47,13 +50,10 @@ def dataset(num_batches: int, batch_size: int, seed: int = 0) -> list[dict[str, 
   second = np.array([rng.integers(0, 10 - a) for a in first])
   prompts = np.array([f"{a}+{b}=" for a, b in zip(first, second, strict=True)])
   answers = np.array([str(a + b) for a, b in zip(first, second, strict=True)])
-  batches = []
-  for step in range(num_batches):
-    epoch, position = divmod(step, DATASET_SIZE // batch_size)
-    order = np.random.default_rng([seed, epoch]).permutation(DATASET_SIZE)
-    ids = order[position * batch_size:(position + 1) * batch_size]
-    batches.append({"prompts": prompts[ids], "answer": answers[ids], "idx": ids.astype(np.int64)})
-  return batches
+  columns = {"prompts": prompts, "answer": answers,
+             "idx": np.arange(DATASET_SIZE, dtype=np.int64)}
+  return list(itertools.islice(sera_learner.epoch_batches(columns, batch_size, seed),
+                               num_batches))
 
 
 def slack_reward(prompts, completions, answer, idx, **unused) -> list[float]:
@@ -69,23 +69,29 @@ def mesh() -> jax.sharding.Mesh:
   return jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
-def decoder(seed: int = 0) -> qwen2.Qwen2:
-  """A random 2-layer Qwen2 with untied embeddings (tied ones echo the last prompt token)."""
-  config = qwen2.ModelConfig(num_layers=2, vocab_size=CharTokenizer.vocab_size, embed_dim=32,
-                             hidden_dim=64, num_heads=2, head_dim=16, num_kv_heads=1,
-                             rope_theta=10_000, norm_eps=1e-6, use_tied_embedding=False)
+def decoder(seed: int = 0, *, num_layers: int = 2, embed_dim: int = 32, hidden_dim: int = 64,
+            num_heads: int = 2, head_dim: int = 16) -> qwen2.Qwen2:
+  """A random Qwen2 over the characters, untied embeddings (tied ones echo the last prompt
+  token); 2 layers of width 32 unless told otherwise."""
+  config = qwen2.ModelConfig(num_layers=num_layers, vocab_size=CharTokenizer.vocab_size,
+                             embed_dim=embed_dim, hidden_dim=hidden_dim, num_heads=num_heads,
+                             head_dim=head_dim, num_kv_heads=1, rope_theta=10_000,
+                             norm_eps=1e-6, use_tied_embedding=False)
   return qwen2.Qwen2(config, rngs=nnx.Rngs(seed))
 
 
 def cluster(max_steps: int, *, checkpoint_dir: str | None = None, save_every: int = 2,
-            log_dir: str | None = None, learning_rate: float = 1e-2) -> rl_cluster_lib.RLCluster:
-  """An RLCluster of the tiny decoder (actor, reference, vanilla rollout) on one CPU device."""
+            log_dir: str | None = None, learning_rate: float = 1e-2,
+            train_micro_batch_size: int | None = None) -> rl_cluster_lib.RLCluster:
+  """An RLCluster of the tiny decoder (actor, reference, vanilla rollout) on one CPU device,
+  for batches of BATCH_SIZE prompts (`cluster.build`'s micro-batching)."""
   rollout = base_rollout.RolloutConfig(max_tokens_to_generate=3, max_prompt_length=8,
                                        kv_cache_size=32, temperature=1.0, top_p=1.0)
   return cluster_lib.build(decoder(), CharTokenizer(), mesh(), reference=decoder(),
                            optimizer=optax.adam(learning_rate), max_steps=max_steps,
                            rollout_config=rollout, checkpoint_dir=checkpoint_dir,
-                           save_every=save_every, log_dir=log_dir)
+                           save_every=save_every, log_dir=log_dir, batch_size=BATCH_SIZE,
+                           train_micro_batch_size=train_micro_batch_size)
 
 
 BATCH_SIZE, BASELINE_N, N_MAX = 4, 4, 16  # M prompts a step, N0, n_max: B = 16 rollouts
@@ -97,7 +103,6 @@ def train_sera(num_steps: int, checkpoint_dir: str | None = None):
   Returns:
     The learner (its `historical`, `batches_seen` and `last_counts`).
   """
-  from sera_jax.settings.llm import learner as sera_learner  # the module registers with Tunix
   config = sera_learner.SeraConfig(num_generations=BASELINE_N, n_min=2, n_max=N_MAX,
                                    dataset_size=DATASET_SIZE)
   learner = sera_learner.SeraLearner(cluster(num_steps, checkpoint_dir=checkpoint_dir), config,

@@ -1,0 +1,245 @@
+"""The GSM8K config (the [llm] extra): its shipped keys, the exact reward, the data under
+`tfds.testing.mock_data`, the model and tokenizer read from a local or gs:// model_dir, and one
+SeraLearner step on a tiny random Qwen3 with a byte-level Hugging Face tokenizer."""
+
+import dataclasses
+
+import gcs_double
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+import safetensors.numpy
+import tensorflow_datasets as tfds
+import tokenizers
+import transformers
+from flax import nnx
+from tokenizers import decoders, pre_tokenizers
+from tunix.models.qwen3 import model as qwen3
+
+from sera_jax.common.tf import tensorflow
+from sera_jax.settings.llm import gsm8k, tiny
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # Qwen's pad, turn start, EOS
+CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TINY = qwen3.ModelConfig(num_layers=1, vocab_size=256 + len(SPECIAL_TOKENS), embed_dim=32,
+                         hidden_dim=64, num_heads=2, head_dim=16, num_kv_heads=1,
+                         rope_theta=10_000, norm_eps=1e-6, use_tied_embedding=False)
+# GSM8K-shaped problems, thousands separators included: a + b pens.
+PENS = [(1200, 300), (7, 5), (45, 1955), (3, 4), (250, 250), (9, 0), (1000, 24), (12, 30)]
+
+
+def _save_tokenizer(directory) -> None:
+  """A byte-level BPE (every byte a token, no merges) with Qwen's special tokens and a ChatML
+  template, saved as Hugging Face tokenizer files: any text encodes, offline."""
+  vocab = {symbol: i for i, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+  backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
+  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  backend.decoder = decoders.ByteLevel()
+  backend.add_special_tokens(list(SPECIAL_TOKENS))
+  tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend,
+                                                   pad_token="<|endoftext|>",
+                                                   eos_token="<|im_end|>")
+  tokenizer.chat_template = CHATML
+  tokenizer.save_pretrained(str(directory))
+
+
+def _hf_checkpoint(rng: np.random.Generator) -> dict[str, np.ndarray]:
+  """Random bfloat16 tensors of TINY under Hugging Face's Qwen3 names and layouts."""
+  c = TINY
+  shapes = {"model.embed_tokens.weight": (c.vocab_size, c.embed_dim),
+            "model.norm.weight": (c.embed_dim,),
+            "lm_head.weight": (c.vocab_size, c.embed_dim)}
+  layer = "model.layers.0."
+  shapes |= {layer + "self_attn.q_proj.weight": (c.num_heads * c.head_dim, c.embed_dim),
+             layer + "self_attn.k_proj.weight": (c.num_kv_heads * c.head_dim, c.embed_dim),
+             layer + "self_attn.v_proj.weight": (c.num_kv_heads * c.head_dim, c.embed_dim),
+             layer + "self_attn.o_proj.weight": (c.embed_dim, c.num_heads * c.head_dim),
+             layer + "self_attn.q_norm.weight": (c.head_dim,),
+             layer + "self_attn.k_norm.weight": (c.head_dim,),
+             layer + "mlp.gate_proj.weight": (c.hidden_dim, c.embed_dim),
+             layer + "mlp.up_proj.weight": (c.hidden_dim, c.embed_dim),
+             layer + "mlp.down_proj.weight": (c.embed_dim, c.hidden_dim),
+             layer + "input_layernorm.weight": (c.embed_dim,),
+             layer + "post_attention_layernorm.weight": (c.embed_dim,)}
+  return {name: rng.normal(size=shape).astype(ml_dtypes.bfloat16)
+          for name, shape in shapes.items()}
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("tokenizer")
+  _save_tokenizer(directory)
+  return directory
+
+
+@pytest.fixture
+def tokenizer(tokenizer_dir):
+  """The stand-in through Tunix's Hugging Face adapter, as `load_pretrained` builds it."""
+  from tunix.generate import tokenizer_adapter
+  return tokenizer_adapter.Tokenizer(tokenizer_type="huggingface",
+                                     tokenizer_path=str(tokenizer_dir), add_bos=False,
+                                     add_eos=False)
+
+
+@pytest.fixture
+def mocked_gsm8k():
+  """tfds gsm8k serves the PENS problems (mock_data's random text has no "#### answer")."""
+  tf = tensorflow()
+  questions = [f"A shop sold {a:,} pens on Monday and {b:,} on Tuesday. How many pens did it "
+               f"sell?" for a, b in PENS]
+  solutions = [f"{a:,} + {b:,} = <<{a}+{b}={a + b}>>{a + b:,}\n#### {a + b:,}" for a, b in PENS]
+
+  def as_dataset(self, *args, **kwargs):
+    return tf.data.Dataset.from_tensor_slices({
+        "question": questions, "answer": solutions, "annotation": [""] * len(PENS),
+        "short_answer": [f"{a + b:,}" for a, b in PENS]})
+
+  with tfds.testing.mock_data(as_dataset_fn=as_dataset):
+    yield
+
+
+def test_the_shipped_config_is_the_papers_batch_and_builds_a_valid_sera_config():
+  config = gsm8k.get_config()
+  assert (config.batch_size, config.num_generations, config.n_min, config.n_max) == (256, 16,
+                                                                                     2, 64)
+  assert (config.allocation, config.estimator, config.temperature) == ("sera", "maxrl", 1.0)
+  assert config.learning_rate == 1e-6 and config.optimizer == "adam"
+  assert config.kv_cache_size >= config.max_prompt_length + config.max_tokens_to_generate
+  with pytest.raises(AttributeError):
+    config.batch_sise = 8  # locked: a misspelt key fails
+  sera = gsm8k.sera_config(config, gsm8k.GSM8K_TRAIN)
+  assert (sera.num_generations, sera.n_max, sera.dataset_size) == (16, 64, gsm8k.GSM8K_TRAIN)
+  model = gsm8k.preset_config(config)
+  assert dataclasses.replace(model, dtype=np.float32, remat_config=qwen3.RematConfig.NONE) == \
+      qwen3.ModelConfig.qwen3_1p7b()
+  assert model.param_dtype == np.float32 and model.dtype == jax.numpy.bfloat16
+  config.model_family, config.model_preset = "qwen2", "qwen2p5_1p5b_instruct"
+  assert gsm8k.preset_config(config).num_layers == 28
+  config.model_preset = "qwen3_1p7b"
+  with pytest.raises(ValueError, match="model_preset must be one of .*qwen2p5_7b"):
+    gsm8k.preset_config(config)
+
+
+@pytest.mark.parametrize("completion, answer, reward", [
+    ("So she sold 48 + 24 = 72 clips.", "72", 1.0),
+    ("The total is $1,234.", "1234", 1.0),
+    ("It costs $18.00", "18", 1.0),
+    ("The answer is **1,000,000**", "1000000", 1.0),
+    ("\\boxed{-3}", "-3", 1.0),
+    ("0.50 of the cake", "0.5", 1.0),
+    ("5 apples, then 3 more: 8\n\nDone in 2 steps", "8", 0.0),  # the last number counts
+    ("1,2,3", "123", 0.0),  # not thousands separators: the last number is 3
+    ("1,2,3", "3", 1.0),
+    ("seventy-two", "72", 0.0),
+    ("", "0", 0.0),
+])
+def test_exact_reward_compares_the_last_number(completion, answer, reward):
+  assert gsm8k.exact_reward(["q"], [completion], [answer]) == [reward]
+
+
+def test_the_answer_is_the_number_after_the_hashes():
+  assert gsm8k.answer_number("48/2 = <<48/2=24>>24\n#### 1,200") == "1200"
+  assert gsm8k.answer_number("#### -7 ") == "-7"
+  for bad in ("no final answer", "#### seven"):
+    with pytest.raises(ValueError, match="#### <number>"):
+      gsm8k.answer_number(bad)
+
+
+def test_problems_read_from_mocked_gsm8k_in_the_chat_template(tmp_path, mocked_gsm8k, tokenizer):
+  questions, answers = gsm8k.read_gsm8k(str(tmp_path / "tfds"))
+  assert answers == [str(a + b) for a, b in PENS]
+  columns = gsm8k.problems(questions, answers, tokenizer, max_prompt_length=256)
+  np.testing.assert_array_equal(columns["idx"], np.arange(len(PENS)))
+  first = columns["prompts"][0]
+  assert first == (f"<|im_start|>user\n{questions[0]}\n{gsm8k.INSTRUCTION}<|im_end|>\n"
+                   f"<|im_start|>assistant\n")
+  assert gsm8k.prompt("What is 2+3?", tiny.CharTokenizer()) == \
+      f"What is 2+3?\n{gsm8k.INSTRUCTION}"  # no chat template: the plain text
+  with pytest.raises(ValueError, match="raise it"):
+    gsm8k.problems(questions, answers, tokenizer, max_prompt_length=100)
+
+
+def test_an_unprepared_data_dir_says_how_to_prepare_it(tmp_path):
+  with pytest.raises(FileNotFoundError, match="tfds build gsm8k --data_dir="):
+    gsm8k.read_gsm8k(str(tmp_path / "tfds"))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config.data_dir=/data"], "config.model_dir is required"),
+    (["--config.model_dir=/model"], "config.data_dir is required"),
+    (["--config.batch_sise=8"], "batch_sise"),
+])
+def test_the_command_names_a_missing_or_misspelt_key(argv, message):
+  with pytest.raises(SystemExit, match=message):
+    gsm8k.main(argv)
+
+
+@pytest.mark.parametrize("storage", ["local", "gs"])
+def test_the_model_and_tokenizer_load_from_model_dir(tmp_path, storage):
+  """Tunix's Qwen3 loader maps Hugging Face tensors into the model (cast to float32), and the
+  tokenizer files load beside them; a gs:// model_dir is read through epath (a bucket double)."""
+  root = tmp_path / "bucket_root"
+  directory = root / "bucket" / "qwen3"
+  directory.mkdir(parents=True)
+  tensors = _hf_checkpoint(np.random.default_rng(0))
+  safetensors.numpy.save_file(tensors, str(directory / "model.safetensors"))
+  _save_tokenizer(directory)
+  config = gsm8k.get_config()
+  config.model_dir = "gs://bucket/qwen3" if storage == "gs" else str(directory)
+  mesh = gsm8k.make_mesh(config)
+  if storage == "gs":
+    with gcs_double.serve(str(root)):
+      model, tokenizer = gsm8k.load_pretrained(config, mesh, model_config=TINY)
+  else:
+    model, tokenizer = gsm8k.load_pretrained(config, mesh, model_config=TINY)
+  assert tokenizer.decode(tokenizer.encode("#### 1,200")) == "#### 1,200"
+  assert tokenizer.eos_id() == tokenizer.encode("<|im_end|>")[0]
+  c = TINY
+
+  def loaded(param):
+    value = np.asarray(param[...])
+    assert value.dtype == np.float32
+    return value
+
+  def hf(name):
+    return tensors[name].astype(np.float32)
+
+  np.testing.assert_array_equal(loaded(model.embedder.input_embedding),
+                                hf("model.embed_tokens.weight"))
+  np.testing.assert_array_equal(loaded(model.lm_head.w), hf("lm_head.weight").T)
+  np.testing.assert_array_equal(
+      loaded(model.layers[0].attn.q_proj.w),
+      hf("model.layers.0.self_attn.q_proj.weight").T.reshape(c.embed_dim, c.num_heads,
+                                                              c.head_dim))
+  np.testing.assert_array_equal(loaded(model.layers[0].mlp.down_proj.kernel),
+                                hf("model.layers.0.mlp.down_proj.weight").T)
+
+
+def test_load_pretrained_names_a_missing_checkpoint(tmp_path):
+  config = gsm8k.get_config()
+  config.model_dir = str(tmp_path / "absent")
+  mesh = gsm8k.make_mesh(config)
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    gsm8k.load_pretrained(config, mesh)
+  _save_tokenizer(tmp_path / "tokenizer_only")
+  config.model_dir = str(tmp_path / "tokenizer_only")
+  with pytest.raises(FileNotFoundError, match=r"holds no \*.safetensors"):
+    gsm8k.load_pretrained(config, mesh)
+
+
+@pytest.mark.slow
+def test_one_sera_step_on_mocked_gsm8k_with_a_tiny_qwen3(tmp_path, mocked_gsm8k, tokenizer):
+  """The shipped config shrunk to 4 problems x N0 = 4 and 8 new tokens: one real step."""
+  config = gsm8k.get_config()
+  config.update(data_dir=str(tmp_path / "tfds"), batch_size=4, num_generations=4, n_max=8,
+                num_steps=1, max_prompt_length=256, max_tokens_to_generate=8,
+                kv_cache_size=264)
+  learner = gsm8k.train(config, model=qwen3.Qwen3(TINY, rngs=nnx.Rngs(0)), tokenizer=tokenizer)
+  assert learner.algo_config.dataset_size == len(PENS)
+  assert learner.batches_seen == 1
+  assert learner.last_counts.shape == (4,) and learner.last_counts.sum() == 4 * 4
+  losses = learner.rl_cluster.actor_trainer.metrics_logger.get_metric_history("actor", "loss",
+                                                                              "train")
+  assert len(losses) == 1 and np.isfinite(losses).all()
