@@ -3,5 +3,8 @@
 * `learner`: MaxRL advantage estimators registered with Tunix, a policy loss
   normalised by the rollout budget, and `SeraLearner`, Tunix's GRPO learner
   with SERA's variable rollouts per prompt;
-* `tiny`: a digit-sum task and a 2-layer decoder that train on a CPU.
+* `cluster`: the RLCluster those learners train (actor, optional reference, rollout);
+* `tiny`: a digit-sum task and a 2-layer decoder that train on a CPU;
+* `arithmetic`: multi-digit addition, the math task of `sera-jax figure math`;
+* `gsm8k`: GSM8K with a pretrained Qwen3 or Qwen2 on an accelerator.
 """
