@@ -8,25 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sera_jax.harness.configs.base import classification as base_config
-from sera_jax.harness.figures import common
 from sera_jax.settings.classification import alignment, gradients
-from sera_jax.settings.classification.task import ClassificationTask
-
-
-@pytest.fixture(scope="module")
-def problem():
-  """(task, initial state, one fixed batch of 16 digits) of the default config."""
-  config = base_config()
-  config.batch_size = 16
-  task = ClassificationTask(config)
-  return task, task.init_state(jax.random.PRNGKey(0)), common.evaluation_batches(
-      task.dataset, 16, 1)[0]
 
 
 @pytest.mark.slow
-def test_vmapped_seeds_equal_a_loop_over_seeds(problem):
-  task, state, batch = problem
+def test_vmapped_seeds_equal_a_loop_over_seeds(digits_problem):
+  task, state, batch = digits_problem
   bounds = dict(baseline_n=4, n_min=2, n_max=16)
   methods = {"sera": alignment.oracle_method(mode="sera", **bounds),
              "pilot": alignment.pilot_method(2, **bounds)}
@@ -63,10 +50,10 @@ def test_vmapped_seeds_equal_a_loop_over_seeds(problem):
   assert np.ptp(vmapped["sera"].expected) == 0
 
 
-def test_a_methods_numbers_do_not_depend_on_the_methods_beside_it(problem):
+def test_a_methods_numbers_do_not_depend_on_the_methods_beside_it(digits_problem):
   """Common random numbers: uniform MaxRL computed alone or padded beside SERA (a wider
   width, one vmap over both) draws the same rollouts, so its cosines are the same."""
-  task, state, batch = problem
+  task, state, batch = digits_problem
   bounds = dict(baseline_n=4, n_min=2, n_max=32)
   uniform = alignment.oracle_method(mode="uniform", **bounds)
   sera = alignment.oracle_method(mode="sera", **bounds)

@@ -57,7 +57,8 @@ def test_alignment_vs_budget_smoke(run_dir, tmp_path):
        "--seeds", "3"])
   assert (tmp_path / "alignment_vs_budget.png").stat().st_size > 0
   written = _read_csv(tmp_path / "alignment_vs_budget.csv")
-  assert len(written) == len(rows) == 3 * 3  # snapshots x methods
+  assert len(written) == len(rows) == 3 * len(budget.METHODS)  # snapshots x methods
+  assert {r["method"] for r in written} >= {"sera", "knapsack", "gvm", "adaptive"}
   for row in written:
     for field in ("expected_cos", "realized_cos_mean"):
       assert -1 <= float(row[field]) <= 1 + 1e-6
@@ -169,3 +170,4 @@ def test_math_figure_smoke_reuses_finished_runs_and_refuses_other_settings(tmp_p
   config.rl_steps += 1
   with pytest.raises(SystemExit, match="another --workdir"):
     math_figure._cached(tmp_path / "runs" / "sera-seed0.json", config, dict)
+

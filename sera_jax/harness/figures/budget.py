@@ -4,11 +4,14 @@ Trains one run (default: the shipped config `default` with method ce, the
 exact gradient, so the snapshots favour none of the compared estimators),
 checkpointed at every epoch, and for its early, midway and late snapshots and
 one fixed batch of M training prompts sweeps N0 (n_min = 2, n_max = 4 N0).
-For uniform MaxRL, "equalized" (every prompt active) and SERA it reports the
-cosine of the expected gradient with the exact one, and the mean cosine of the
+For uniform MaxRL, "equalized" (every prompt active), SERA and the baseline
+allocators at the same budget (Knapsack-RL, GVM-RAFT with the exact gradient
+norms, adaptive sampling; sera_jax.method.allocators) it reports the cosine of
+the expected gradient with the exact one (adaptive sampling's by Monte Carlo:
+its counts depend on its rollouts' outcomes), and the mean cosine of the
 realized gradient over --seeds sampling seeds with a 95% Student-t interval.
-Every (N0, snapshot) point is one jitted call: all seeds of all three methods
-are sampled under one vmap and pushed through one VJP
+Every (N0, snapshot) point is one jitted call: all seeds of all methods are
+sampled under one vmap and pushed through one VJP
 (sera_jax.settings.classification.alignment).
 
   sera-jax figure budget          # or: python experiments/alignment_vs_budget.py
@@ -28,7 +31,8 @@ from sera_jax.harness.figures import common
 from sera_jax.settings.classification import alignment
 
 NAME = "alignment_vs_budget"
-METHODS = (("uniform", "tab:orange"), ("equalized", "tab:green"), ("sera", "tab:blue"))
+METHODS = (("uniform", "tab:orange"), ("equalized", "tab:green"), ("sera", "tab:blue"),
+           ("knapsack", "tab:red"), ("gvm", "tab:purple"), ("adaptive", "tab:brown"))
 BASELINES = (2, 4, 8, 16, 32, 64, 128)
 
 
@@ -65,7 +69,8 @@ def plot(rows, snapshots, path):
   fig, axes = plt.subplots(1, len(snapshots), figsize=(4.2 * len(snapshots), 4), sharey=True,
                            squeeze=False)
   for axis, (snapshot, step) in zip(axes[0], snapshots.items(), strict=True):
-    for offset, (mode, color) in zip((0.94, 1.0, 1.06), METHODS, strict=True):
+    offsets = np.linspace(0.9, 1.1, len(METHODS))
+    for offset, (mode, color) in zip(offsets, METHODS, strict=True):
       points = [r for r in rows if r["snapshot"] == snapshot and r["method"] == mode]
       budgets = [r["N0"] for r in points]
       axis.plot(budgets, [r["expected_cos"] for r in points], "-o", color=color, markersize=4,

@@ -15,9 +15,11 @@ setting, in `sera_jax.settings.classification.alignment`.
 """
 
 import argparse
+import copy
 import functools
 import os
 import pathlib
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -30,7 +32,7 @@ from scipy import stats
 
 from sera_jax.common import files
 from sera_jax.common.plots import plt, save_figure
-from sera_jax.harness import configs, train
+from sera_jax.harness import configs, sweep, train
 from sera_jax.method import allocation, success
 from sera_jax.settings.classification import gradients
 from sera_jax.settings.classification.task import ClassificationTask, TrainState
@@ -76,6 +78,37 @@ def load_state(task: ClassificationTask, workdir: str, step: int) -> TrainState:
       raise FileNotFoundError(f"no checkpoint of step {step} in {path}; it holds "
                               f"{sorted(manager.all_steps())}.")
     return manager.restore(step, args=ocp.args.StandardRestore(state))
+
+
+def seeded(task: ClassificationTask, config) -> ClassificationTask:
+  """`task` for `config`, a config of the same run but another seed, reusing its compiled steps.
+
+  The jitted steps depend on everything in the config but the seed; of the seed
+  the task itself reads only the data order (config.seed in its train batches),
+  while train.run draws the init and sampling rng from config.seed.
+  """
+  task = copy.copy(task)
+  task.config = config
+  return task
+
+
+def train_or_read(config: ml_collections.ConfigDict, workdir: str,
+                  task: ClassificationTask | None = None, *, label: str
+                  ) -> tuple[list[dict], ClassificationTask | None]:
+  """The metric rows of the run of `config` in `workdir`: read back when it finished, else
+  trained (resumed) there, reusing `task`'s compiled steps (a task of the same run but the seed).
+
+  Returns:
+    (rows, the task the next seed can reuse: `task`, or the one built here).
+  """
+  start = time.perf_counter()
+  if sweep.is_finished(workdir, config.num_steps):
+    print(f"{label}: finished earlier, read {workdir}", flush=True)
+    return train.read_metrics(workdir), task
+  task = seeded(task, config) if task else ClassificationTask(config)
+  rows = train.run(config, workdir, task=task)
+  print(f"{label}: {time.perf_counter() - start:.1f} s", flush=True)
+  return rows, task
 
 
 class EvalBatch(NamedTuple):

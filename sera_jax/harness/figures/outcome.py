@@ -1,14 +1,15 @@
 """Training outcome: held-out pass@k at the end of training, per method.
 
-For each dataset config, ce (the exact cross-entropy gradient), sera, uniform
-and equalized train with the same rollout budget B = M * N0, the same
+For each dataset config, ce (the exact cross-entropy gradient), sera, uniform,
+equalized and the baseline allocators knapsack, gvm and adaptive
+(sera_jax.method.allocators) train with the same rollout budget B = M * N0, the same
 learning-rate schedule and the same seeds (model init, rollout sampling and
 data order all follow config.seed); pass@k = mean_q 1 - (1 - p_q)^k
 (k = 1, 2, ..., 1024) is evaluated once, on the held-out split after the last
 step. Alignment is measured only at step 0 (align_every = num_steps), so the
 runs pay for the method's own update only.
 
-  sera-jax figure outcome      # 2 datasets x 4 methods x 3 seeds (~3 min)
+  sera-jax figure outcome      # 2 datasets x 7 methods x 3 seeds
 
 Writes training_outcome.png (pass@k against k, mean and the band
 of +-1 standard deviation over seeds, one panel per dataset) and
@@ -18,7 +19,6 @@ training_outcome.csv (mean, std and every seed's value) into --out, and one
 sweep` names them; a finished run is read back, not retrained).
 """
 
-import copy
 import os
 import time
 
@@ -26,16 +26,17 @@ import numpy as np
 
 from sera_jax.common import files
 from sera_jax.common.plots import plt, save_figure
-from sera_jax.harness import configs, sweep, train
+from sera_jax.harness import configs, sweep
 from sera_jax.harness.figures import common
-from sera_jax.settings.classification.task import PASS_AT_K, ClassificationTask
+from sera_jax.settings.classification.task import PASS_AT_K
 
 NAME = "training_outcome"
-METHODS = ("ce", "sera", "uniform", "equalized")
+METHODS = ("ce", "sera", "uniform", "equalized", "knapsack", "gvm", "adaptive")
 # Dataset name -> (shipped config, default steps). synthetic1000 gets more steps than its
 # config's 400 because the RL methods are still far from their plateau at 400.
 DATASETS = {"synthetic1000": ("synthetic1000", 1500), "digits": ("default", 500)}
-COLORS = {"ce": "black", "sera": "tab:blue", "uniform": "tab:orange", "equalized": "tab:green"}
+COLORS = {"ce": "black", "sera": "tab:blue", "uniform": "tab:orange", "equalized": "tab:green",
+          "knapsack": "tab:red", "gvm": "tab:purple", "adaptive": "tab:brown"}
 
 
 def run_config(dataset: str, method: str, seed: int, num_steps: int):
@@ -44,18 +45,6 @@ def run_config(dataset: str, method: str, seed: int, num_steps: int):
   config.update(dict(method=method, seed=seed, num_steps=num_steps, align_every=num_steps,
                      eval_every=num_steps, checkpoint_every=num_steps))
   return config
-
-
-def seeded(task: ClassificationTask, config) -> ClassificationTask:
-  """`task` for `config`, a config of the same run but another seed, reusing its compiled steps.
-
-  The jitted steps depend on everything in the config but the seed; of the seed
-  the task itself reads only the data order (config.seed in its train batches),
-  while train.run draws the init and sampling rng from config.seed.
-  """
-  task = copy.copy(task)
-  task.config = config
-  return task
 
 
 def train_all(datasets: dict[str, int], methods, seeds, workdir_root: str) -> dict:
@@ -69,14 +58,8 @@ def train_all(datasets: dict[str, int], methods, seeds, workdir_root: str) -> di
         overrides = (("method", method), ("seed", str(seed)))
         workdir = os.path.join(workdir_root, f"{dataset}-{num_steps}steps",
                                sweep.workdir_name(overrides))
-        start = time.perf_counter()
-        if sweep.is_finished(workdir, num_steps):
-          rows = train.read_metrics(workdir)
-          print(f"{dataset} {method} seed {seed}: finished earlier, read {workdir}")
-        else:
-          task = seeded(task, config) if task else ClassificationTask(config)
-          rows = train.run(config, workdir, task=task)
-          print(f"{dataset} {method} seed {seed}: {time.perf_counter() - start:.1f} s", flush=True)
+        rows, task = common.train_or_read(config, workdir, task,
+                                          label=f"{dataset} {method} seed {seed}")
         results.setdefault((dataset, method), []).append(
             [rows[-1][f"pass@{k}"] for k in PASS_AT_K])
   return results

@@ -20,10 +20,12 @@ import jax.numpy as jnp
 
 from sera_jax.method import allocation, success
 from sera_jax.method.allocation import Allocation
-from sera_jax.settings.classification import gradients
+from sera_jax.settings.classification import allocations, gradients
 from sera_jax.settings.classification.task import ClassificationTask
 
 # (key, logits, labels, extras) -> Allocation; extras: per-batch inputs given to the evaluator.
+EXPECTATION_DRAWS = 512  # Monte Carlo draws of an outcome-dependent method's expected gradient
+EXPECTATION_SALT = 0x5E4A  # folded into the first seed's key for those draws
 AllocateFn = Callable[[jax.Array, jax.Array, jax.Array, Mapping[str, jax.Array]], Allocation]
 
 
@@ -38,40 +40,47 @@ class Method(NamedTuple):
     estimator: an `estimators.ESTIMATORS` name.
     random_allocation: True when the allocation depends on the key (a pilot);
       then every seed has its own allocation and its own expected gradient.
+    outcome_dependent: True when the allocation reads the outcomes of the very
+      rollouts the gradient uses (adaptive sampling): it is called with each
+      seed's sampling key, and its expected gradient, which has no closed form,
+      is the mean realized gradient over `EXPECTATION_DRAWS` keys.
   """
   allocate: AllocateFn
   baseline_n: int
   max_rollouts: int
   estimator: str = "maxrl"
   random_allocation: bool = False
+  outcome_dependent: bool = False
 
 
-def _allocator(log_p_fn, *, baseline_n, n_min, n_max, mode, **options) -> AllocateFn:
+def _method(log_p_fn, *, baseline_n, n_min, n_max, mode, estimator, **options) -> Method:
+  """A Method allocating with `mode` (`allocations.MODES`) on log_p_fn's log p (None: exact)."""
   def allocate(key, logits, labels, extras):
-    return allocation.allocate(jax.lax.stop_gradient(log_p_fn(key, logits, labels, extras)),
-                               baseline_n=baseline_n, n_min=n_min, n_max=n_max, mode=mode,
-                               **options)
-  return allocate
+    log_p = None if log_p_fn is None else log_p_fn(key, logits, labels, extras)
+    batch = allocations.inputs(mode, logits, labels, key, n_max=n_max, log_p=log_p)
+    return allocations.allocate(mode, batch, baseline_n=baseline_n, n_min=n_min, n_max=n_max,
+                                **options)
+  return Method(allocate, baseline_n,
+                allocation.max_count(mode, baseline_n=baseline_n, n_max=n_max), estimator,
+                outcome_dependent=mode in allocations.OUTCOME_DEPENDENT)
 
 
 def oracle_method(*, baseline_n: int, n_min: int, n_max: int, mode: str = "sera",
                   estimator: str = "maxrl", **options) -> Method:
-  """Allocation on the exact p (§1.5 oracle). `options`: threshold, normalize_by_*."""
-  oracle = lambda key, logits, labels, extras: success.oracle_log_p(logits, labels)  # noqa: E731
-  allocate = _allocator(oracle, baseline_n=baseline_n, n_min=n_min, n_max=n_max, mode=mode,
-                        **options)
-  return Method(allocate, baseline_n,
-                allocation.max_count(mode, baseline_n=baseline_n, n_max=n_max), estimator)
+  """Allocation on the exact p (§1.5 oracle), in any of `allocations.MODES`.
+
+  `options`: threshold, normalize_by_* (SERA's modes) or round_size (adaptive).
+  """
+  return _method(None, baseline_n=baseline_n, n_min=n_min, n_max=n_max, mode=mode,
+                 estimator=estimator, **options)
 
 
 def estimate_method(extra: str, *, baseline_n: int, n_min: int, n_max: int,
                     mode: str = "sera", estimator: str = "maxrl", **options) -> Method:
   """Allocation on an estimate of log p given per batch as `extras[extra]` (e.g. historical)."""
   given = lambda key, logits, labels, extras: extras[extra]  # noqa: E731
-  allocate = _allocator(given, baseline_n=baseline_n, n_min=n_min, n_max=n_max, mode=mode,
-                        **options)
-  return Method(allocate, baseline_n,
-                allocation.max_count(mode, baseline_n=baseline_n, n_max=n_max), estimator)
+  return _method(given, baseline_n=baseline_n, n_min=n_min, n_max=n_max, mode=mode,
+                 estimator=estimator, **options)
 
 
 def pilot_method(num_pilot: int, *, baseline_n: int, n_min: int, n_max: int,
@@ -90,10 +99,8 @@ def pilot_method(num_pilot: int, *, baseline_n: int, n_min: int, n_max: int,
     pilot = gradients.sample_rollouts(key, logits, labels, counts, max_rollouts=num_pilot)
     return success.pilot_log_p(jnp.sum(pilot.rewards, axis=1), num_pilot)
 
-  allocate = _allocator(pilot_log_p, baseline_n=rest, n_min=n_min, n_max=n_max, mode=mode,
-                        **options)
-  return Method(allocate, rest, allocation.max_count(mode, baseline_n=rest, n_max=n_max),
-                estimator, random_allocation=True)
+  return _method(pilot_log_p, baseline_n=rest, n_min=n_min, n_max=n_max, mode=mode,
+                 estimator=estimator, **options)._replace(random_allocation=True)
 
 
 # ----------------------------------------------------------------------------- evaluation
@@ -115,8 +122,11 @@ class Alignment(NamedTuple):
   active_fraction: jax.Array
 
 
-def _seed_allocations(method: Method, allocation_keys, logits, labels, extras) -> Allocation:
+def _seed_allocations(method: Method, allocation_keys, sample_keys, logits, labels, extras
+                      ) -> Allocation:
   """The [S, M] allocation of every seed (one allocation, broadcast, unless it is random)."""
+  if method.outcome_dependent:
+    return jax.vmap(lambda key: method.allocate(key, logits, labels, extras))(sample_keys)
   if method.random_allocation:
     return jax.vmap(lambda key: method.allocate(key, logits, labels, extras))(allocation_keys)
   alloc = method.allocate(allocation_keys[0], logits, labels, extras)
@@ -136,8 +146,11 @@ def _cotangents(methods: Mapping[str, Method], keys, logits, labels, extras):
   (tests/test_alignment.py), and compilation is paid once per estimator.
   """
   allocation_keys, sample_keys = jax.vmap(jax.random.split, out_axes=1)(keys)
-  allocs = {name: _seed_allocations(method, allocation_keys, logits, labels, extras)
+  allocs = {name: _seed_allocations(method, allocation_keys, sample_keys, logits, labels,
+                                    extras)
             for name, method in methods.items()}
+  # Monte Carlo keys of the outcome-dependent methods' expectations, apart from the seeds'.
+  draw_keys = jax.random.split(jax.random.fold_in(keys[0], EXPECTATION_SALT), EXPECTATION_DRAWS)
   realized, expected = {}, {}
   for estimator in sorted({method.estimator for method in methods.values()}):
     group = [name for name, method in methods.items() if method.estimator == estimator]
@@ -160,8 +173,15 @@ def _cotangents(methods: Mapping[str, Method], keys, logits, labels, extras):
     expected_rows = jax.vmap(jax.vmap(expect, in_axes=(0, None)))(stacked, baselines)
     for index, name in enumerate(group):
       realized[name] = realized_rows[index]
-      random = methods[name].random_allocation
-      expected[name] = expected_rows[index] if random else expected_rows[index, :1]
+      method = methods[name]
+      if method.outcome_dependent:
+        def draw(key, method=method, realize=realize):
+          alloc = method.allocate(key, logits, labels, extras)
+          return realize(alloc, jnp.asarray(method.baseline_n, logits.dtype), key)
+        expected[name] = jnp.mean(jax.lax.map(draw, draw_keys, batch_size=64), axis=0)[None]
+      else:
+        expected[name] = (expected_rows[index] if method.random_allocation
+                          else expected_rows[index, :1])
   return realized, expected, allocs
 
 

@@ -4,8 +4,9 @@ Every `config.align_every` steps the training step runs one forward pass and
 pushes the exact, SERA and uniform-MaxRL logit cotangents (realized and
 expected, same batch, same budget B = M * N0) through one `jax.vjp`, and
 reports their cosines with the exact likelihood gradient. The update follows
-`config.method`: "ce" the exact gradient, "sera" / "uniform" / "equalized" the
-realized estimate with that allocation mode. Other steps push only the
+`config.method`: "ce" the exact gradient, "sera" / "uniform" / "equalized" or a
+baseline allocator ("knapsack", "gvm", "adaptive"; `allocations`) the realized
+estimate with that allocation mode. Other steps push only the
 method's cotangent (the cost of a plain cross-entropy step plus allocation
 and sampling); their rows carry no cosines.
 """
@@ -22,12 +23,12 @@ from sera_jax.common import sharding
 from sera_jax.common.data import get_dataset
 from sera_jax.common.models import create_model
 from sera_jax.common.optim import learning_rate_schedule, make_optimizer
-from sera_jax.method import allocation, estimators, scaling, validation
+from sera_jax.method import allocation, allocators, estimators, scaling, validation
 from sera_jax.method.success import oracle_log_p
-from sera_jax.settings.classification import gradients
+from sera_jax.settings.classification import allocations, gradients
 from sera_jax.settings.classification.plots import plot_alignment
 
-METHODS = ("sera", "uniform", "equalized", "ce")
+METHODS = ("sera", "uniform", "equalized", "ce", *allocators.MODES)
 PASS_AT_K = tuple(2**i for i in range(11))  # 1, 2, 4, ..., 1024
 # The cotangents pushed back through the one forward pass of an alignment step.
 ALIGNED = ("exact", "sera_realized", "sera_expected", "uniform_realized", "uniform_expected")
@@ -86,9 +87,12 @@ def make_train_step(model, optimizer, config, *, align: bool, mesh=None):
   inside the allocator's loops, and the counts are those of a single-device run.
   """
 
-  def allocate(log_p, mode):
-    solve = functools.partial(allocation.allocate_from_config, config=config, mode=mode)
-    return solve(log_p) if mesh is None else sharding.on_every_device(solve, mesh)(log_p)
+  def allocate(mode, logits, labels, key):
+    batch = allocations.inputs(mode, logits, labels, key, n_max=config.n_max)
+    solve = functools.partial(allocations.allocate, mode, baseline_n=config.baseline_n,
+                              n_min=config.n_min, n_max=config.n_max,
+                              **allocations.config_options(config))
+    return solve(batch) if mesh is None else sharding.on_every_device(solve, mesh)(batch)
 
   method = config.method
   # Rollout statistics describe the trained allocation; "ce" reports SERA's.
@@ -108,21 +112,22 @@ def make_train_step(model, optimizer, config, *, align: bool, mesh=None):
   def step_fn(state, images, labels, step):
     key = jax.random.fold_in(state.rng, step)
     keys = dict(zip(("sera", "uniform", "equalized"), jax.random.split(key, 3), strict=True))
+    keys |= {mode: jax.random.fold_in(key, 3 + i) for i, mode in enumerate(allocators.MODES)}
     forward = lambda p: model.apply(p, state.batch_stats, images, train=True)  # noqa: E731
     logits, vjp_fn, batch_stats = jax.vjp(forward, state.params, has_aux=True)
     log_p = oracle_log_p(logits, labels)
     exact = gradients.exact_logit_grad(logits, labels)
 
-    allocations = {} if method == "ce" else {method: allocate(log_p, method)}
+    allocs = {} if method == "ce" else {method: allocate(method, logits, labels, keys[method])}
     if align:
       for mode in ("sera", "uniform"):
-        allocations.setdefault(mode, allocate(log_p, mode))
+        allocs.setdefault(mode, allocate(mode, logits, labels, keys[mode]))
     sampled = {mode: realized(keys[mode], logits, labels, alloc, mode)
-               for mode, alloc in allocations.items()}
+               for mode, alloc in allocs.items()}
 
     cotangents = {"exact": exact} | {f"{m}_realized": s[0] for m, s in sampled.items()}
     if align:
-      cotangents |= {f"{m}_expected": expected(logits, labels, allocations[m], m)
+      cotangents |= {f"{m}_expected": expected(logits, labels, allocs[m], m)
                      for m in ("sera", "uniform")}
     update_name = "exact" if method == "ce" else f"{method}_realized"
     names = list(ALIGNED) if align else []
@@ -143,9 +148,9 @@ def make_train_step(model, optimizer, config, *, align: bool, mesh=None):
     }
     if stats_mode in sampled:
       _, rollouts, advantages = sampled[stats_mode]
-      metrics |= _rollout_metrics(allocations[stats_mode], rollouts, log_p)
+      metrics |= _rollout_metrics(allocs[stats_mode], rollouts, log_p)
       if method != "ce":
-        metrics["loss"] = _surrogate_loss(logits, rollouts, advantages, allocations[method],
+        metrics["loss"] = _surrogate_loss(logits, rollouts, advantages, allocs[method],
                                           config.baseline_n)
     if align:
       gram = gradients.gram_matrix(grads)[:len(ALIGNED), :len(ALIGNED)]
