@@ -7,7 +7,7 @@ import pytest
 from absl.testing import absltest, parameterized
 
 from sera_jax.common import data
-from sera_jax.common.data.tfds_images import _tensorflow
+from sera_jax.common.data.tfds_images import tensorflow_and_tfds
 
 
 def _assert_batches_equal(a: data.Batch, b: data.Batch) -> None:
@@ -126,7 +126,7 @@ class SyntheticTest(absltest.TestCase):
 @pytest.fixture(scope="module")
 def tiny_tfds_dir(tmp_path_factory) -> str:
   """A small prepared tfds dataset of PNG grayscale images of varying size."""
-  _, tfds = _tensorflow()
+  _, tfds = tensorflow_and_tfds()
 
   class SeraTinyImages(tfds.core.GeneratorBasedBuilder):
     VERSION = tfds.core.Version("1.0.0")
@@ -165,7 +165,7 @@ def test_unprepared_imagenet_data_dir_says_where_files_go_and_how_to_build(tmp_p
 
 
 def test_imagenet_pipeline_under_mock_data(tmp_path):
-  _, tfds = _tensorflow()
+  _, tfds = tensorflow_and_tfds()
   data_dir = os.fspath(tmp_path)
   with tfds.testing.mock_data(num_examples=12):
     ds = data.get_dataset("tfds:imagenet2012", data_dir=data_dir)

@@ -39,7 +39,7 @@ EVAL_PREPROCESSINGS = ("center_crop", "resize")
 _CENTER_CROP_FRACTION = 224 / 256
 
 
-def _tensorflow() -> tuple[Any, Any]:
+def tensorflow_and_tfds() -> tuple[Any, Any]:
   """(tensorflow with the GPUs hidden, tensorflow_datasets)."""
   tf = tensorflow()
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
@@ -50,13 +50,16 @@ def _is_imagenet(name: str) -> bool:
   return name.split(":")[0].split("/")[0] == "imagenet2012"
 
 
-def _tfds_is_mocked(tfds) -> bool:
-  # `tfds.testing.mock_data` serves generated examples without any prepared
-  # files; it swaps in a no-op `download_and_prepare` of this name.
+def tfds_is_mocked(tfds) -> bool:
+  """Whether `tfds.testing.mock_data` is active (it serves examples without prepared files).
+
+  The mock swaps in a no-op `download_and_prepare` of this name.
+  """
   return tfds.core.DatasetBuilder.download_and_prepare.__name__ == "mock_download_and_prepare"
 
 
-def _unprepared_message(name: str, data_dir: str) -> str:
+def unprepared_message(name: str, data_dir: str) -> str:
+  """What to run to prepare the tfds dataset `name` in `data_dir` (ImageNet: the archives)."""
   if _is_imagenet(name):
     manual_dir = files.path(data_dir) / "downloads" / "manual"
     present = [f for f in IMAGENET_TARS if (manual_dir / f).exists()]
@@ -114,12 +117,12 @@ class TfdsImageDataset:
       FileNotFoundError: the dataset is not prepared in data_dir; the message
         says where the files go and which `tfds build` command prepares them.
     """
-    tf, tfds = _tensorflow()
+    tf, tfds = tensorflow_and_tfds()
     imagenet = _is_imagenet(name)
     self.name = name
     self._builder = tfds.builder(name, data_dir=data_dir)
-    if not (self._builder.is_prepared() or _tfds_is_mocked(tfds)):
-      raise FileNotFoundError(_unprepared_message(
+    if not (self._builder.is_prepared() or tfds_is_mocked(tfds)):
+      raise FileNotFoundError(unprepared_message(
           name, data_dir or os.fspath(self._builder.data_dir_root)))
     features = self._builder.info.features
     for key in (image_key, label_key):
@@ -215,7 +218,7 @@ class TfdsImageDataset:
 
   def _eval_batches(self, per_host: int, process_index: int,
                     process_count: int) -> Iterator[Batch]:
-    tf, _ = _tensorflow()
+    tf, _ = tensorflow_and_tfds()
     largest = max(self._split_size(self._eval_split, i, process_count)
                   for i in range(process_count))
     num_batches = math.ceil(largest / per_host)
@@ -249,7 +252,7 @@ class TfdsImageDataset:
   def _examples(self, split: str, process_index: int, process_count: int, *,
                 shuffle_seed: int | None):
     """This host's undecoded examples; files shuffled with `shuffle_seed` when given."""
-    tf, tfds = _tensorflow()
+    tf, tfds = tensorflow_and_tfds()
     host_split = tfds.split_for_jax_process(split, process_index=process_index,
                                             process_count=process_count)
     options = tf.data.Options()
@@ -263,7 +266,7 @@ class TfdsImageDataset:
   def _epoch_batches(self, epoch: int, position: int, per_host: int, seed: int,
                      process_index: int, process_count: int) -> Iterator[Batch]:
     """Batches `position`, `position` + 1, ... of `epoch` for one host."""
-    tf, _ = _tensorflow()
+    tf, _ = tensorflow_and_tfds()
     steps = self.steps_per_epoch(per_host * process_count, process_count=process_count)
     epoch_seed = int(np.random.SeedSequence((seed, epoch, process_index)).generate_state(1)[0]
                      >> 1)  # 31 bits: tf and tfds take signed 32/64-bit seeds.
@@ -284,7 +287,7 @@ class TfdsImageDataset:
 
     JPEGs decode only the window; other formats (PNG, ...) decode, then slice.
     """
-    tf, _ = _tensorflow()
+    tf, _ = tensorflow_and_tfds()
     channels = self.image_shape[-1]
 
     def jpeg():
@@ -302,13 +305,13 @@ class TfdsImageDataset:
 
   def _finish(self, image, label, **extra):
     """Resizes to image_size (bilinear) and normalises to float32 with mean/std."""
-    tf, _ = _tensorflow()
+    tf, _ = tensorflow_and_tfds()
     image = tf.image.resize(image, [self._image_size, self._image_size], method="bilinear")
     image = (image / 255.0 - self._mean) / self._std
     return {"image": tf.cast(image, tf.float32), "label": tf.cast(label, tf.int32), **extra}
 
   def _preprocess_train(self, example, seed):
-    tf, _ = _tensorflow()
+    tf, _ = tensorflow_and_tfds()
     crop_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
 
     def random_resized_crop(shape):
@@ -326,7 +329,7 @@ class TfdsImageDataset:
     return self._finish(image, example[self._label_key])
 
   def _preprocess_eval(self, example):
-    tf, _ = _tensorflow()
+    tf, _ = tensorflow_and_tfds()
 
     def center_crop(shape):
       side = tf.cast(_CENTER_CROP_FRACTION * tf.cast(tf.minimum(shape[0], shape[1]),
@@ -339,7 +342,7 @@ class TfdsImageDataset:
 
 
 def _full_window(shape):
-  tf, _ = _tensorflow()
+  tf, _ = tensorflow_and_tfds()
   return tf.stack([0, 0, shape[0], shape[1]])
 
 

@@ -45,7 +45,11 @@ from tunix.models.qwen3 import params as qwen3_params
 from tunix.rl.rollout import base_rollout
 
 from sera_jax.common import files, optim
-from sera_jax.common.data.tfds_images import _tensorflow, _tfds_is_mocked, _unprepared_message
+from sera_jax.common.data.tfds_images import (
+    tensorflow_and_tfds,
+    tfds_is_mocked,
+    unprepared_message,
+)
 from sera_jax.method import validation
 from sera_jax.settings.llm import cluster as cluster_lib
 from sera_jax.settings.llm import learner as learner_lib
@@ -143,10 +147,10 @@ def read_gsm8k(data_dir: str, split: str = "train") -> tuple[list[str], list[str
   Raises:
     FileNotFoundError: gsm8k is not prepared in data_dir (the message says how to).
   """
-  _, tfds = _tensorflow()  # TensorFlow with the GPUs hidden
+  _, tfds = tensorflow_and_tfds()  # TensorFlow with the GPUs hidden
   builder = tfds.builder(GSM8K, data_dir=data_dir)
-  if not (builder.is_prepared() or _tfds_is_mocked(tfds)):
-    raise FileNotFoundError(_unprepared_message(GSM8K, data_dir))
+  if not (builder.is_prepared() or tfds_is_mocked(tfds)):
+    raise FileNotFoundError(unprepared_message(GSM8K, data_dir))
   examples = list(tfds.as_numpy(builder.as_dataset(split=split)))
   return ([example["question"].decode() for example in examples],
           [answer_number(example["answer"].decode()) for example in examples])
