@@ -151,7 +151,15 @@ class Profile:
 
 
 class NonFiniteError(FloatingPointError):
-  """Raised when a step produced NaN or inf; the last good checkpoint is kept."""
+  """Raised when a step produced NaN or inf; the last good checkpoint is kept.
+
+  Attributes:
+    step: the step that produced them (its metrics row is not written).
+  """
+
+  def __init__(self, message: str, step: int):
+    super().__init__(message)
+    self.step = step
 
 
 def validate_run_config(config: ml_collections.ConfigDict) -> None:
@@ -298,7 +306,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
         listed = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         raise NonFiniteError(
             f"non-finite {listed} at step {step}; the run stops here and the last "
-            f"good checkpoint (step {last_saved}) is kept in {workdir}/{CHECKPOINT_DIR}.")
+            f"good checkpoint (step {last_saved}) is kept in {workdir}/{CHECKPOINT_DIR}.",
+            step)
       done = step + 1
       if config.eval_every and (done % config.eval_every == 0 or done == config.num_steps):
         row |= task.evaluate(state)
