@@ -171,3 +171,33 @@ def test_math_figure_smoke_reuses_finished_runs_and_refuses_other_settings(tmp_p
   with pytest.raises(SystemExit, match="another --workdir"):
     math_figure._cached(tmp_path / "runs" / "sera-seed0.json", config, dict)
 
+
+@pytest.mark.slow
+def test_budget_scaling_smoke(tmp_path, capsys):
+  from sera_jax.harness.figures import scaling
+  scaling.main(["--baselines", "2", "4", "--seeds", "0", "1", "--num-steps", "4",
+                "--eval-every", "2", "--methods", "ce", "uniform", "sera",
+                "--workdir-root", str(tmp_path / "runs"), "--out", str(tmp_path)])
+  rows = _read_csv(tmp_path / "budget_scaling.csv")
+  assert {(r["N0"], r["method"]) for r in rows} == {
+      (n0, m) for n0 in ("2", "4") for m in ("ce", "uniform", "sera")}
+  assert sorted({int(r["step"]) for r in rows}) == [2, 4]
+  ce = {(r["N0"], r["seed"], r["step"]): r["pass@1"] for r in rows if r["method"] == "ce"}
+  assert ce["2", "1", "4"] == ce["4", "1", "4"]  # one ce run per seed, drawn at every N0
+  assert (tmp_path / "budget_scaling.png").stat().st_size > 0
+  out = capsys.readouterr().out
+  assert "sera - uniform" in out and "ce seed 1:" in out
+  assert len(list((tmp_path / "runs" / "4steps").iterdir())) == 3  # ce, N0=2, N0=4
+
+
+def test_budget_scaling_reports_a_diverged_run_instead_of_a_number():
+  from sera_jax.harness.figures import scaling
+  finished = {"step": [10, 20], "pass@1": [0.1, 0.3], "pass@256": [0.2, 0.5], "diverged": None}
+  stopped = {"step": [10], "pass@1": [0.2], "pass@256": [0.4], "diverged": 17}
+  results = {("sera", 16): {0: finished, 1: stopped}, ("uniform", 16): {0: finished, 1: finished}}
+  steps, values = scaling._padded(results["sera", 16], [0, 1], "pass@1")
+  np.testing.assert_array_equal(steps, [10, 20])
+  np.testing.assert_array_equal(values, [[0.1, 0.3], [0.2, np.nan]])
+  np.testing.assert_array_equal(scaling.final(results, "sera", 16, [0, 1], 1), [0.3, np.nan])
+  table = scaling.table(results, ["uniform", "sera"], [16], [0, 1])
+  assert "diverged in 1 of 2 seeds" in table and "0.300 ± 0.000" in table

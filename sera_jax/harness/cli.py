@@ -5,7 +5,7 @@
   sera-jax plot RUN_DIR [RUN_DIR ...] [--out FILE.png] [--window N]
   sera-jax sweep [--config NAME|FILE] --grid KEY=V1,V2,... [--grid ...] [--workdir-root DIR]
                  [--print-commands]
-  sera-jax figure budget|scale|ablations|outcome|maze|math [--out DIR] ...
+  sera-jax figure budget|scale|ablations|outcome|maze|math|scaling [--out DIR] ...
 
 With no arguments `train` runs the shipped config `default` (SERA on the
 embedded digits) into runs/default-sera. Shipped configs: CONFIGS.
@@ -26,7 +26,7 @@ from sera_jax.harness import configs
 
 USAGE = __doc__.replace("CONFIGS", ", ".join(configs.names()))
 TRAIN_USAGE = "usage:" + USAGE.split("  sera-jax plot")[0].split("command.")[1].rstrip()
-FIGURES = ("budget", "scale", "ablations", "outcome", "maze", "math")
+FIGURES = ("budget", "scale", "ablations", "outcome", "maze", "math", "scaling")
 
 
 def train(argv: list[str]) -> None:

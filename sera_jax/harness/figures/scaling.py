@@ -1,0 +1,213 @@
+"""Budget scaling from the cold start: held-out pass@k against N0 for CE, uniform MaxRL and SERA.
+
+The CPU stand-in of MaxRL's ImageNet figure (ResNet-50 from scratch with
+K = 16, 128, 1024 rollouts a prompt): `synthetic1000` (1000 generated classes,
+p ~ 1/1000 at the start) trained with uniform MaxRL and SERA at N0 in
+{16, 128, 1024} (n_max = 4 N0, n_min = 2), and with cross-entropy (the exact
+gradient, which uses no rollouts: one run per seed, drawn in every panel), all
+with the same step count and schedule and the same seeds. Held-out pass@1 and
+pass@256 (exact: mean_q 1 - (1 - p_q)^k) are evaluated every `--eval-every`
+steps. `sera_rho` is SERA with normalize_by_rho=True (its step rescaled by
+1 / mean coverage).
+
+  sera-jax figure scaling        # 3 N0 x (uniform, sera, sera_rho) + ce, 3 seeds
+
+Writes budget_scaling.png (pass@1 and pass@256 over training per N0, mean and
++-1 std over seeds; final pass@k against N0; the paired SERA - uniform
+difference with its 95% interval) and budget_scaling.csv (every seed's
+pass@1 and pass@256 at every evaluation) into --out, and one `sera-jax train`
+workdir per run under --workdir-root (a finished run is read back).
+"""
+
+import os
+import time
+
+import numpy as np
+
+from sera_jax.common import files
+from sera_jax.common.plots import plt, save_figure
+from sera_jax.harness import configs, sweep, train
+from sera_jax.harness.figures import common
+
+NAME = "budget_scaling"
+BASELINES = (16, 128, 1024)
+# Method name -> the config keys it sets; ce ignores N0 and runs once per seed.
+METHODS = {"ce": dict(method="ce"), "uniform": dict(method="uniform"),
+           "sera": dict(method="sera"), "sera_rho": dict(method="sera", normalize_by_rho=True)}
+COLORS = {"ce": "black", "uniform": "tab:orange", "sera": "tab:blue", "sera_rho": "tab:cyan"}
+KS = (1, 256)
+
+
+def run_config(method: str, baseline_n: int, seed: int, num_steps: int, eval_every: int):
+  """synthetic1000 with the method, N0 (n_max = 4 N0), seed and schedule of one run."""
+  config = configs.load("synthetic1000")
+  config.update(dict(baseline_n=baseline_n, n_max=4 * baseline_n, seed=seed,
+                     num_steps=num_steps, eval_every=eval_every, align_every=num_steps,
+                     checkpoint_every=num_steps, **METHODS[method]))
+  return config
+
+
+def train_all(methods, baselines, seeds, num_steps, eval_every, workdir_root):
+  """{(method, N0): {seed: {"step": [...], "pass@1": [...], "pass@256": [...], "diverged"}}},
+  where step counts the steps trained before each evaluation and "diverged" is the step whose
+  update went non-finite (the run stops there; None if it finished)."""
+  results = {}
+  for method in methods:
+    for baseline_n in ([None] if method == "ce" else baselines):
+      task = None
+      for seed in seeds:
+        # ce samples no rollouts: its N0 is irrelevant, so it runs once, at the smallest.
+        config = run_config(method, baseline_n or min(baselines), seed, num_steps, eval_every)
+        overrides = [("method", method), ("seed", str(seed))]
+        group = method if baseline_n is None else f"N0={baseline_n}"
+        workdir = os.path.join(workdir_root, f"{num_steps}steps", group,
+                               sweep.workdir_name(overrides))
+        label = f"{method} seed {seed}" if baseline_n is None else f"{method} {group} seed {seed}"
+        try:
+          rows, task = common.train_or_read(config, workdir, task, label=label)
+          diverged = None
+        except train.NonFiniteError as error:  # a result: kept up to the step that failed
+          print(f"{label}: diverged at step {error.step}", flush=True)
+          rows, diverged = train.read_metrics(workdir), error.step
+        evaluated = [row for row in rows if "pass@1" in row]
+        curves = {"step": [row["step"] + 1 for row in evaluated],  # steps trained
+                  "diverged": diverged}
+        curves |= {f"pass@{k}": [row[f"pass@{k}"] for row in evaluated] for k in KS}
+        for n0 in (baselines if baseline_n is None else [baseline_n]):
+          results.setdefault((method, n0), {})[seed] = curves
+  return results
+
+
+def final(results, method, baseline_n, seeds, k) -> np.ndarray:
+  """[S] the last evaluation's pass@k of every seed; NaN for a run that diverged."""
+  runs = [results[method, baseline_n][s] for s in seeds]
+  return np.array([np.nan if run["diverged"] is not None else run[f"pass@{k}"][-1]
+                   for run in runs])
+
+
+def _padded(curves, seeds, name) -> tuple[np.ndarray, np.ndarray]:
+  """(steps, [S, steps] values) over the longest run, NaN where a diverged run stopped."""
+  steps = max((curves[s]["step"] for s in seeds), key=len)
+  values = np.full((len(seeds), len(steps)), np.nan)
+  for row, seed in enumerate(seeds):
+    values[row, :len(curves[seed][name])] = curves[seed][name]
+  return np.asarray(steps), values
+
+
+def write_csv(results, seeds, path) -> None:
+  rows = []
+  for (method, baseline_n), per_seed in results.items():
+    for seed in seeds:
+      curves = per_seed[seed]
+      for i, step in enumerate(curves["step"]):
+        rows.append({"N0": baseline_n, "method": method, "seed": seed, "step": step,
+                     **{f"pass@{k}": f"{curves[f'pass@{k}'][i]:.6f}" for k in KS},
+                     "diverged_at_step": "" if curves["diverged"] is None
+                     else curves["diverged"]})
+  files.write_csv(path, rows)
+
+
+def plot(results, methods, baselines, seeds, num_steps, path) -> None:
+  columns = max(len(baselines), 3)  # the last row: final pass@1, pass@256, paired difference
+  fig, axes = plt.subplots(3, columns, figsize=(4.6 * columns, 11), squeeze=False)
+  for axis in axes[:2, len(baselines):].ravel():
+    axis.set_visible(False)
+  for axis in axes[2, 3:]:
+    axis.set_visible(False)
+  for row, k in enumerate(KS):
+    for axis, baseline_n in zip(axes[row], baselines, strict=False):
+      for method in methods:
+        curves = results[method, baseline_n]
+        steps, values = _padded(curves, seeds, f"pass@{k}")
+        if not steps.size:
+          continue
+        with np.errstate(invalid="ignore"):  # a step no seed reached: a gap in the curve
+          mean, std = np.nanmean(values, 0), np.nanstd(values, 0)
+        diverged = [s for s in seeds if curves[s]["diverged"] is not None]
+        label = method + (f" (seeds {diverged} diverged)" if diverged else "")
+        axis.plot(steps, mean, color=COLORS[method], label=label,
+                  linestyle="--" if method == "ce" else "-")
+        axis.fill_between(steps, mean - std, mean + std, color=COLORS[method], alpha=0.15)
+      axis.set(title=f"N0 = {baseline_n} (n_max = {4 * baseline_n})", xlabel="step",
+               ylabel=f"held-out pass@{k}", ylim=(-0.02, 1.02))
+      axis.grid(alpha=0.3)
+  for axis in axes[0, :len(baselines)]:
+    axis.legend(fontsize=7)
+  for axis, k in zip(axes[2][:2], KS, strict=True):
+    for method in methods:
+      values = np.array([final(results, method, n0, seeds, k) for n0 in baselines])
+      axis.errorbar(baselines, values.mean(1), yerr=values.std(1), marker="o", capsize=3,
+                    color=COLORS[method], label=method)
+    axis.set(xscale="log", xlabel="N0 (rollouts a prompt on average)",
+             ylabel=f"final held-out pass@{k}", ylim=(-0.02, 1.02))
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=8)
+  paired = axes[2][2]
+  if {"sera", "uniform"} <= set(methods):
+    for k, marker in zip(KS, ("o", "s"), strict=True):
+      diffs = np.array([final(results, "sera", n0, seeds, k) - final(results, "uniform", n0,
+                                                                        seeds, k)
+                        for n0 in baselines])
+      mean, half = common.mean_interval(diffs, axis=1)
+      paired.errorbar(baselines, mean, yerr=half, marker=marker, capsize=3,
+                      label=f"pass@{k}")
+  paired.axhline(0.0, color="black", linewidth=0.8)
+  paired.set(xscale="log", xlabel="N0", ylabel="final SERA - uniform, paired (95% CI)")
+  paired.grid(alpha=0.3)
+  paired.legend(fontsize=8)
+  fig.suptitle(f"synthetic1000 (1000 classes, cold start), {num_steps} steps, "
+               f"{len(seeds)} seeds (mean ± std)", fontsize=10)
+  fig.tight_layout()
+  save_figure(fig, path, dpi=110)
+
+
+def _cell(values: np.ndarray) -> str:
+  """mean ± std over seeds, or how many diverged."""
+  if np.isnan(values).any():
+    return f"diverged in {int(np.isnan(values).sum())} of {len(values)} seeds"
+  return f"{values.mean():.3f} ± {values.std():.3f}"
+
+
+def table(results, methods, baselines, seeds) -> str:
+  """Final pass@1 / pass@256 (mean ± std) per N0 and method, then SERA - uniform paired."""
+  header = ["N0", "method", *[f"pass@{k}" for k in KS]]
+  lines = []
+  for baseline_n in baselines:
+    for method in methods:
+      lines.append([baseline_n, method, *[_cell(final(results, method, baseline_n, seeds, k))
+                                           for k in KS]])
+    for name in ("sera", "sera_rho"):
+      if name in methods and "uniform" in methods:
+        cells = []
+        for k in KS:
+          diff = (final(results, name, baseline_n, seeds, k)
+                  - final(results, "uniform", baseline_n, seeds, k))
+          mean, half = common.mean_interval(diff)
+          cells.append(_cell(diff) if np.isnan(diff).any()
+                       else f"{mean:+.3f} ± {half:.3f} (95%)")
+        lines.append([baseline_n, f"{name} - uniform", *cells])
+  return common.format_table(header, lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+  parser = common.figure_parser("scaling", __doc__)
+  parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+  parser.add_argument("--baselines", nargs="+", type=int, default=list(BASELINES),
+                      help="the N0 values (n_max = 4 N0)")
+  parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+  parser.add_argument("--num-steps", type=int, default=2000)
+  parser.add_argument("--eval-every", type=int, default=100)
+  parser.add_argument("--workdir-root", default="runs/budget_scaling")
+  args = parser.parse_args(argv)
+  if args.num_steps < 1 or not 1 <= args.eval_every <= args.num_steps:
+    parser.error("--num-steps must be >= 1 and --eval-every in [1, num-steps]")
+  if any(n0 < 2 for n0 in args.baselines):
+    parser.error("every N0 must be >= n_min = 2")
+  start = time.perf_counter()
+  results = train_all(args.methods, args.baselines, args.seeds, args.num_steps,
+                      args.eval_every, args.workdir_root)
+  png, csv = common.output_paths(args.out, NAME)
+  write_csv(results, args.seeds, csv)
+  plot(results, args.methods, args.baselines, args.seeds, args.num_steps, png)
+  print(table(results, args.methods, args.baselines, args.seeds))
+  print(f"total {time.perf_counter() - start:.0f} s; wrote {png} and {csv}")
