@@ -57,6 +57,7 @@ def test_unknown_mode_is_rejected():
     allocations.allocate("greedy", batch, baseline_n=4, n_min=2, n_max=8)
 
 
+@pytest.mark.slow
 def test_the_monte_carlo_expectation_equals_the_closed_form_of_a_fixed_allocation(digits_problem):
   """SERA's allocation marked outcome-dependent: its Monte Carlo expected gradient agrees with
   the closed form, the check of the machinery adaptive sampling's expectation rests on."""

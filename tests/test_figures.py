@@ -70,6 +70,7 @@ def test_alignment_vs_budget_smoke(run_dir, tmp_path):
       assert at_n_min[snapshot, "equalized"][field] == at_n_min[snapshot, "uniform"][field]
 
 
+@pytest.mark.slow
 def test_scale_equalization_smoke(run_dir, tmp_path):
   rows = scale.main(
       [*TINY, "--workdir", run_dir, "--out", str(tmp_path)])
