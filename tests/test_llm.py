@@ -123,31 +123,40 @@ def test_uniform_learner_equals_tunix_grpo_learner_on_the_same_rollouts(stock_es
 
 def test_sera_config_checks_the_generation_batch():
   with pytest.raises(ValueError, match="multiple of num_generations"):
-    sera_llm.SeraConfig(num_generations=N0, dataset_size=16, generation_batch_size=6)
+    sera_llm.SeraConfig(num_generations=N0, dataset_size=16, generation_batch_size=6,
+                        rollout_seed=0)
+  with pytest.raises(ValueError, match="needs a rollout_seed"):
+    sera_llm.SeraConfig(num_generations=N0, dataset_size=16, generation_batch_size=8)
   with pytest.raises(ValueError, match="must divide the batch_size"):
     tiny.cluster(1, train_micro_batch_size=3)
 
 
 @pytest.mark.slow
 def test_generation_and_training_in_chunks_still_allocate_over_the_whole_batch():
-  """B = 16 generated 8 at a time and trained 2 prompts' rollouts at a time: one allocation
-  of the 4 prompts and one optimizer step a batch."""
+  """B = 16 generated 8 at a time, each chunk with its own key, and trained 2 prompts'
+  rollouts at a time: one allocation of the 4 prompts and one optimizer step a batch."""
   cluster = tiny.cluster(2, train_micro_batch_size=2)
-  chunks = []
-  generate = cluster.generate
+  chunks, keys = [], []
+  generate, sample = cluster.generate, cluster.rollout.generate
 
   def recording(prompts, **kwargs):
     chunks.append((len(prompts), kwargs["micro_batch_size"]))
     return generate(prompts, **kwargs)
 
-  cluster.generate = recording
+  def sampling(prompts, rollout_config, **kwargs):
+    keys.append(np.asarray(jax.random.key_data(rollout_config.seed)).tobytes())
+    return sample(prompts, rollout_config, **kwargs)
+
+  cluster.generate, cluster.rollout.generate = recording, sampling
   learner = sera_llm.SeraLearner(
       cluster, sera_llm.SeraConfig(num_generations=N0, n_max=tiny.N_MAX,
-                                   dataset_size=tiny.DATASET_SIZE, generation_batch_size=8),
+                                   dataset_size=tiny.DATASET_SIZE, generation_batch_size=8,
+                                   rollout_seed=3),
       tiny.slack_reward)
   with jax.set_mesh(tiny.mesh()):
     learner.train(tiny.dataset(2, M))
   assert chunks == [(M * N0, 8)] * 2
+  assert len(keys) == 4 and len(set(keys)) == 4  # 2 batches x 2 chunks, no key repeated
   assert learner.batches_seen == 2 and learner.last_counts.shape == (M,)
   assert cluster.actor_trainer.train_steps == 2
   assert len(cluster.actor_trainer.metrics_logger.get_metric_history("actor", "loss",

@@ -92,12 +92,13 @@ class SeraConfig(grpo_learner.GRPOConfig):
       under `index_key`, and an epoch is P / M batches.
     index_key: the batch key of the dataset index.
     discount, alpha0, beta0: the historical estimator (DESIGN §1.5).
-    rollout_seed: when set, each generation samples with its own key,
-      fold_in(PRNGKey(rollout_seed), step); Tunix's sampler otherwise draws every
-      batch with PRNGKey(0), so a prompt that returns to the same rows of a later
-      batch meets the same sampling noise.
+    rollout_seed: when set, each generation call samples with its own key,
+      folded from rollout_seed, the batch count and the chunk; Tunix's sampler
+      otherwise draws every call with PRNGKey(0), so a prompt that returns to
+      the same rows of a later batch (or chunk) meets the same sampling noise.
     generation_batch_size: rollouts generated at once (a multiple of N0 that
-      divides B; all B when None): bounds the sampler's KV cache.
+      divides B; all B when None): bounds the sampler's KV cache. Needs
+      rollout_seed, as chunks drawn with one key would repeat each other.
   """
   allocation: str = "sera"
   estimator: str = "maxrl"
@@ -127,6 +128,9 @@ class SeraConfig(grpo_learner.GRPOConfig):
     validation.in_unit_interval("discount", self.discount)
     if self.generation_batch_size is not None:
       validation.integer("generation_batch_size", self.generation_batch_size, minimum=1)
+      if self.rollout_seed is None:
+        raise ValueError("generation_batch_size needs a rollout_seed: chunks sampled with "
+                         "Tunix's default key would repeat one another's noise.")
       if self.generation_batch_size % self.num_generations:
         raise ValueError(f"generation_batch_size ({self.generation_batch_size}) must be a "
                          f"multiple of num_generations ({self.num_generations}).")
@@ -162,6 +166,9 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     self.batches_seen = 0
     self.last_counts = self.last_log_p = None
     self._evaluations = 0
+    self._generation_key, self._chunks = None, 0
+    if algo_config.rollout_seed is not None:
+      self._seed_each_generation()
     self._allocate_step = jax.jit(self._allocate_fn)
     self._finish_step = jax.jit(self._finish_fn)
     self._save_with_checkpoints()
@@ -203,7 +210,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     counts = np.asarray(alloc.counts)
     requests = jax.tree.map(lambda value: np.repeat(np.asarray(value), counts, axis=0), batch)
     if config.rollout_seed is not None:
-      self._seed_rollout(mode)
+      self._generation_key, self._chunks = self._batch_key(mode), 0
     # Tunix generates rollout_micro_batch_size * N0 sequences at a time.
     prompts_per_step, self._rollout_micro_batch_size = (self._rollout_micro_batch_size,
                                                         chunk // config.num_generations)
@@ -224,18 +231,35 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     return [rl_utils.get_batch_slice(example, slice(i * size, (i + 1) * size))
             for i in range(slices)]
 
-  def _seed_rollout(self, mode) -> None:
-    """Sets the key of the next generation in `mode`: training batches by their count,
-    evaluation batches by theirs."""
-    rollout_config = self.rl_cluster.cluster_config.rollout_config
-    if isinstance(rollout_config, dict):
-      rollout_config = rollout_config[mode]
+  def _batch_key(self, mode) -> jax.Array:
+    """The generation key of the next batch in `mode`: training batches by their count,
+    evaluation batches by theirs (so a resumed run draws what an uninterrupted one does)."""
     training = mode == rl_cluster_lib.Mode.TRAIN
     if not training:
       self._evaluations += 1
     key = jax.random.fold_in(jax.random.PRNGKey(self.algo_config.rollout_seed), int(training))
-    rollout_config.seed = jax.random.fold_in(
-        key, self.batches_seen if training else self._evaluations)
+    return jax.random.fold_in(key, self.batches_seen if training else self._evaluations)
+
+  def _seed_each_generation(self) -> None:
+    """Gives every generate call of the rollout (one per chunk of a batch) its own key.
+
+    Tunix passes one RolloutConfig to every chunk and its sampler donates the
+    seed's buffer, so each call gets a fresh key folded from the batch's.
+    """
+    rollout = self.rl_cluster.rollout
+    generate = rollout.generate
+
+    def generate_with_own_key(prompts, rollout_config, **kwargs):
+      if self._generation_key is not None:
+        # The first chunk draws with (a copy of: the sampler donates it) the batch's key
+        # itself, so one call a batch samples exactly as before chunks had keys of their own.
+        key = (jax.random.fold_in(self._generation_key, self._chunks) if self._chunks
+               else jnp.copy(self._generation_key))
+        self._chunks += 1
+        rollout_config = dataclasses.replace(rollout_config, seed=key)
+      return generate(prompts, rollout_config, **kwargs)
+
+    rollout.generate = generate_with_own_key
 
   # ---- allocation and the historical estimator (jitted) -------------------------------------
 
