@@ -19,6 +19,7 @@ run leaves its scores in --workdir (one JSON per run), which a rerun of the
 same settings reuses. Needs the [llm] extra (google-tunix).
 """
 
+import functools
 import itertools
 import json
 import time
@@ -140,22 +141,16 @@ def main(argv: list[str] | None = None) -> None:
   seeds = list(range(args.seeds))
   results = {WARM_START: {}} | {method: {} for method in args.methods}
   start = time.time()
+  # A seed's warm start, built once and only when a run of that seed is not cached.
+  warm_started = functools.lru_cache(maxsize=1)(
+      lambda seed: warm_start(config, problems, seed))
   for seed in seeds:
-    model = None
-
-    def warm(seed=seed):
-      nonlocal model
-      model, scores = warm_start(config, problems, seed)
-      return {"pass_at_k": scores}
-
-    results[WARM_START][seed] = _cached(workdir / f"warm-seed{seed}.json", config,
-                                        warm)["pass_at_k"]
+    results[WARM_START][seed] = _cached(
+        workdir / f"warm-seed{seed}.json", config,
+        lambda seed=seed: {"pass_at_k": warm_started(seed)[1]})["pass_at_k"]
     for method in args.methods:
       def run(method=method, seed=seed):
-        nonlocal model
-        if model is None:  # the warm start was cached: rebuild it (deterministic)
-          model, _ = warm_start(config, problems, seed)
-        return reinforce(config, problems, model, method, seed)
+        return reinforce(config, problems, warm_started(seed)[0], method, seed)
 
       scores = _cached(workdir / f"{method}-seed{seed}.json", config, run)["pass_at_k"]
       results[method][seed] = scores

@@ -41,6 +41,11 @@ class Problems(NamedTuple):
   def __len__(self) -> int:
     return len(self.prompts)
 
+  @property
+  def digits(self) -> int:
+    """The places every operand is written with."""
+    return len(self.prompts[0].split("+")[0])
+
   def columns(self) -> dict[str, np.ndarray]:
     """The batch keys Tunix passes to the reward: prompts, answer, idx."""
     return {"prompts": self.prompts, "answer": self.answers, "idx": self.idx}
@@ -111,7 +116,7 @@ def warm_start(model: nnx.Module, problems: Problems, *, steps: int, batch_size:
   Returns:
     The loss of every step (mean cross-entropy per answer token).
   """
-  width = max_answer_tokens(len(problems.prompts[0].split("+")[0]))
+  width = max_answer_tokens(problems.digits)
   prompts = _prompt_tokens(problems.prompts)
   targets = np.full((len(problems), width), TOKENIZER.pad_id(), np.int32)
   for row, answer in enumerate(problems.answers):
@@ -146,7 +151,7 @@ def sample_successes(model: nnx.Module, problems: Problems, *, num_samples: int,
   Completions are sampled token by token at `temperature` (as the rollouts
   are), `chunk` sequences at a time, and scored by `exact_reward`.
   """
-  width = max_answer_tokens(len(problems.prompts[0].split("+")[0]))
+  width = max_answer_tokens(problems.digits)
   prompts = np.repeat(_prompt_tokens(problems.prompts), num_samples, axis=0)
   answers = np.repeat(problems.answers, num_samples)
   completions = []

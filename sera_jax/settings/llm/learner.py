@@ -343,7 +343,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
 
 
 def epoch_batches(columns: dict[str, np.ndarray], batch_size: int,
-            seed: int) -> Iterator[dict[str, np.ndarray]]:
+                  seed: int) -> Iterator[dict[str, np.ndarray]]:
   """Batches of `batch_size` problems, epoch after epoch without end.
 
   Each epoch is the permutation of np.random.default_rng([seed, epoch]) cut into
