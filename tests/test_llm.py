@@ -1,10 +1,9 @@
 """SERA inside Tunix (the [llm] extra): registered estimators, peer parity with Tunix's own
 GRPO learner, and a tiny decoder trained, stopped and resumed with SERA's allocation."""
 
-import signal
+import pathlib
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -182,12 +181,23 @@ def allocations(monkeypatch):
 @pytest.mark.slow
 def test_sera_trains_a_tiny_decoder_and_resumes_with_the_same_estimator_and_counts(
     tmp_path, allocations):
-  """An uninterrupted 8-step run against one SIGKILLed after a checkpoint and resumed."""
+  """An uninterrupted 8-step run against one SIGKILLed while it waits after the checkpoint of
+  step 4 (it says so on stdout), then resumed: the kill point is observed, not timed."""
   killed_dir = tmp_path / "killed"
-  process = subprocess.Popen([sys.executable, "-m", "sera_jax.settings.llm.tiny", "--steps=8",
-                              f"--checkpoint_dir={killed_dir}"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  whole = tiny.train_sera(8, str(tmp_path / "whole"))
+  process = subprocess.Popen(
+      [sys.executable, str(pathlib.Path(__file__).with_name("llm_paused_run.py")),
+       str(killed_dir), "4"],
+      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  try:
+    whole = tiny.train_sera(8, str(tmp_path / "whole"))
+    for line in process.stdout:  # up to the line the waiting child prints, or its end
+      if line.strip() == "checkpointed 4":
+        break
+    else:
+      pytest.fail("the paused run ended without reaching its checkpoint of step 4")
+  finally:
+    process.kill()
+    process.wait()
   whole_steps = list(allocations)
   assert len(whole_steps) == 8
   logged = whole.rl_cluster.actor_trainer.metrics_logger  # beside Tunix's own (actor/loss, ...)
@@ -196,14 +206,9 @@ def test_sera_trains_a_tiny_decoder_and_resumes_with_the_same_estimator_and_coun
   for prefix, name in (("global", "active_fraction"), ("global", "useful_group_fraction"),
                        ("kappa_estimate", "spread"), ("p_estimate", "mean"), ("actor", "loss")):
     assert len(logged.get_metric_history(prefix, name, "train")) == 8, (prefix, name)
-  deadline = time.time() + 300
-  while not (killed_dir / "actor" / "4").exists() and time.time() < deadline:
-    time.sleep(0.05)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
   allocations.clear()
   resumed = tiny.train_sera(8, str(killed_dir))
-  assert 0 < len(allocations) < 8, "the killed run trained none or all of its steps"
+  assert len(allocations) == 4  # steps 5..8, from the checkpoint of step 4
   assert resumed.batches_seen == whole.batches_seen == 8
   for (log_p, counts), (want_log_p, want_counts) in zip(
       allocations, whole_steps[8 - len(allocations):], strict=True):
@@ -219,3 +224,50 @@ def test_sera_trains_a_tiny_decoder_and_resumes_with_the_same_estimator_and_coun
     np.testing.assert_array_equal(counts, want)
   assert any(counts.max() > N0 for _, counts in whole_steps[4:])
   assert all((counts == N0).all() for _, counts in whole_steps[:4])  # first epoch: uniform
+
+
+def _learner_on(checkpoint_dir, dataset_size=tiny.DATASET_SIZE):
+  return sera_llm.SeraLearner(
+      tiny.cluster(4, checkpoint_dir=str(checkpoint_dir)),
+      sera_llm.SeraConfig(num_generations=N0, n_max=tiny.N_MAX, dataset_size=dataset_size,
+                          rollout_seed=0),
+      tiny.slack_reward)
+
+
+def _checkpoint(learner, step):
+  trainer = learner.rl_cluster.actor_trainer
+  trainer.checkpoint_manager.save(step, trainer.model, force=True)
+  trainer.checkpoint_manager.close()  # waits for Orbax's asynchronous save
+
+
+def test_the_estimator_and_its_counters_are_restored_from_the_actor_checkpoint(tmp_path):
+  """The estimator is in the checkpoint's own metadata (finalized with it by one rename), and
+  the evaluation counter comes back too, so a resumed run draws the keys an unbroken one does."""
+  saved = _learner_on(tmp_path)
+  saved.batches_seen, saved._evaluations = 3, 5
+  saved.historical = saved.historical._replace(
+      successes=jnp.arange(tiny.DATASET_SIZE, dtype=jnp.float32) / 3,
+      seen=jnp.arange(tiny.DATASET_SIZE) % 2 == 0)
+  _checkpoint(saved, 2)
+  assert not list(tmp_path.glob("sera_estimator*"))  # no file of its own beside the checkpoint
+  restored = _learner_on(tmp_path)
+  assert (restored.batches_seen, restored._evaluations) == (3, 5)
+  for got, want in zip(restored.historical, saved.historical, strict=True):
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(restored._batch_key(rl_cluster_lib.Mode.EVAL),
+                                saved._batch_key(rl_cluster_lib.Mode.EVAL))
+
+
+def test_a_checkpoint_without_the_estimator_or_of_another_dataset_is_refused(tmp_path):
+  stock = grpo_learner.GRPOLearner(tiny.cluster(4, checkpoint_dir=str(tmp_path / "stock")),
+                                   grpo_learner.GRPOConfig(num_generations=N0),
+                                   tiny.slack_reward)
+  _checkpoint(stock, 2)
+  with pytest.raises(ValueError, match=r"^the actor checkpoint of step 2 in .*stock holds no "
+                                       r"SERA estimator state .*new checkpoint directory\.$"):
+    _learner_on(tmp_path / "stock")
+  _checkpoint(_learner_on(tmp_path / "sera"), 2)
+  with pytest.raises(ValueError, match=r"holds the estimator of 16 prompts, but dataset_size "
+                                       r"is 32"):
+    _learner_on(tmp_path / "sera", dataset_size=32)

@@ -18,11 +18,10 @@ B = M * N0 (N0 = num_generations), repeats the prompts by their counts into
 exactly B generation requests, scores them, and trains on flat advantages with
 the prompt weights folded in, so the loss is
 -(1 / (M N0)) sum_i w_q(i) A_i log pi(y_i). The estimator's state is saved
-beside the actor's checkpoints and restored with them.
+inside every actor checkpoint (its custom metadata) and restored with it.
 """
 
 import dataclasses
-import io
 import itertools
 import threading
 from collections.abc import Iterator
@@ -31,18 +30,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from etils import epath
 from tunix.rl import algo_core, function_registry
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl import utils as rl_utils
 from tunix.rl.grpo import grpo_learner
 
-from sera_jax.common import files
 from sera_jax.method import allocation, estimators, flat, success, validation
 
 BUDGET_NORM_LOSS = "sera_budget_norm"
 TOKEN_SUM_NORM = "sequence-mean-token-sum-norm"
-ESTIMATOR_DIR = "sera_estimator"  # beside the actor's checkpoints, one file per step
+ESTIMATOR_KEY = "sera_estimator"  # in the custom metadata of every actor checkpoint
 
 
 def _fixed_group_estimator(estimator: str):
@@ -292,54 +289,57 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     metrics = allocation.rollout_metrics(alloc, successes, log_p, estimated=True)
     return weighted, staged, metrics
 
-  # ---- the estimator's state beside the actor's checkpoints ---------------------------------
+  # ---- the estimator's state inside the actor's checkpoints ---------------------------------
 
   def _save_with_checkpoints(self) -> None:
-    """Saves the estimator whenever Tunix saves the actor, under the same step."""
+    """Puts the estimator's state in the custom metadata of every actor checkpoint.
+
+    Orbax writes a step's metadata into the step's temporary directory and
+    finalizes both with one rename, so the estimator is never behind (or ahead
+    of) the actor it was saved with: a run killed at any moment resumes from a
+    checkpoint that holds both. Tunix's own last save (on close) passes no
+    metadata; it gets the estimator too.
+    """
     manager = self.rl_cluster.actor_trainer.checkpoint_manager
     save = manager.save
 
-    def save_actor_and_estimator(step, *args, **kwargs):
-      saved = save(step, *args, **kwargs)
-      if saved:
-        self._save_estimator(step)
-      return saved
+    def save_actor_and_estimator(step, *args, force=False, custom_metadata=None, **kwargs):
+      orbax = manager._checkpoint_manager  # None when the run has no checkpoint directory
+      if orbax is not None and (force or orbax.should_save(step)):
+        custom_metadata = {**(custom_metadata or {}), ESTIMATOR_KEY: self._estimator_state()}
+      return save(step, *args, force=force, custom_metadata=custom_metadata, **kwargs)
 
     manager.save = save_actor_and_estimator
 
-  def _estimator_dir(self) -> epath.Path | None:
-    root = self.rl_cluster.cluster_config.training_config.checkpoint_root_directory
-    return files.path(root) / ESTIMATOR_DIR if root else None
-
-  def _save_estimator(self, step: int) -> None:
-    """Writes the state for the actor checkpoint of `step`; drops those Orbax dropped."""
-    directory = self._estimator_dir()
-    if directory is None or jax.process_index() != 0:
-      return
-    state = {name: np.asarray(value) for name, value in self.historical._asdict().items()}
-    files.write_bytes(directory / f"{step}.npz",
-                      _npz_bytes(batches_seen=np.int64(self.batches_seen), **state))
-    # Tunix's manager wraps Orbax's, whose steps are the checkpoints kept.
-    kept = set(self.rl_cluster.actor_trainer.checkpoint_manager._checkpoint_manager.all_steps())
-    for old in directory.glob("*.npz"):
-      if int(old.stem) not in kept | {step}:
-        old.unlink()
+  def _estimator_state(self) -> dict[str, Any]:
+    """The historical estimator and the batch counters, as JSON (floats round-trip exactly)."""
+    return {"batches_seen": self.batches_seen, "evaluations": self._evaluations,
+            **{name: np.asarray(value).tolist()
+               for name, value in self.historical._asdict().items()}}
 
   def _restore_estimator(self) -> None:
-    """Loads the estimator state of the step the actor was restored to (if any)."""
-    step = self.rl_cluster.actor_trainer.train_steps
-    directory = self._estimator_dir()
-    if not step or directory is None:
+    """Loads the estimator state saved with the actor checkpoint the run resumed from."""
+    trainer = self.rl_cluster.actor_trainer
+    step = trainer.train_steps
+    if not step:
       return
-    path = directory / f"{step}.npz"
-    if not path.exists():
-      raise FileNotFoundError(f"the actor resumed at step {step} but {path} holds no SERA "
-                              f"estimator state for it.")
-    with path.open("rb") as f:
-      saved = dict(np.load(f))
+    saved = dict(trainer._restored_custom_metadata.get(ESTIMATOR_KEY) or {})
+    root = self.rl_cluster.cluster_config.training_config.checkpoint_root_directory
+    if not saved:
+      raise ValueError(f"the actor checkpoint of step {step} in {root} holds no SERA estimator "
+                       f"state (another learner or an older sera_jax wrote it): train SERA in a "
+                       f"new checkpoint directory.")
+    size = self.algo_config.dataset_size
+    if len(saved["seen"]) != size:
+      raise ValueError(f"the actor checkpoint of step {step} in {root} holds the estimator of "
+                       f"{len(saved['seen'])} prompts, but dataset_size is {size}: resume with "
+                       f"the dataset it was trained on, or train in a new checkpoint directory.")
     self.batches_seen = int(saved.pop("batches_seen"))
-    self.historical = success.HistoricalState(**{name: jnp.asarray(value)
-                                                 for name, value in saved.items()})
+    self._evaluations = int(saved.pop("evaluations"))
+    empty = success.historical_init(size)
+    self.historical = success.HistoricalState(**{
+        name: jnp.asarray(saved[name], getattr(empty, name).dtype)
+        for name in success.HistoricalState._fields})
 
 
 def epoch_batches(columns: dict[str, np.ndarray], batch_size: int,
@@ -365,8 +365,3 @@ def epoch_batches(columns: dict[str, np.ndarray], batch_size: int,
 
   return epochs()
 
-
-def _npz_bytes(**arrays: Any) -> bytes:
-  buffer = io.BytesIO()
-  np.savez(buffer, **arrays)
-  return buffer.getvalue()
