@@ -93,7 +93,10 @@ def _loss_and_grads(cluster, learner, example):
 @pytest.mark.parametrize("stock_estimator, ours", [("maxrl", "maxrl"),
                                                    ("grpo", "grpo_sample_std")])
 def test_uniform_learner_equals_tunix_grpo_learner_on_the_same_rollouts(stock_estimator, ours):
-  """Same batch, same weights, same sampler seed: the same rollouts, advantages, loss, grads."""
+  """Same batch, same weights, same sampler seed: the same rollouts and advantages. Tunix's
+  stock learner leaves each rollout's EOS out of its loss; ours trains it (the EOS goes back
+  after the sampled tokens of every rollout that stopped), and with the stock rows given the
+  same EOS, the two losses and gradients are equal."""
   batch = tiny.dataset(1, M)[0]
   stock_cluster, our_cluster = tiny.cluster(1), tiny.cluster(1)
   stock = _prepared(grpo_learner.GRPOLearner(
@@ -106,14 +109,27 @@ def test_uniform_learner_equals_tunix_grpo_learner_on_the_same_rollouts(stock_es
                                        estimator=ours, dataset_size=tiny.DATASET_SIZE),
       tiny.slack_reward))
   repeated = jax.tree.map(lambda v: np.repeat(v, N0, axis=0), batch)
+  limit = our_cluster.cluster_config.rollout_config.max_tokens_to_generate
   with jax.set_mesh(tiny.mesh()):
     want = stock._generate_and_compute_advantage(repeated, TRAIN)
     (got,) = learner._process_accumulated_batches([batch], [M], TRAIN)
-    np.testing.assert_array_equal(got.completion_ids, want.completion_ids)
+    stock_lengths = np.asarray(want.completion_mask).sum(axis=1)
+    stopped = stock_lengths < limit
+    assert stopped.any() and not stopped.all()  # both kinds of rollout in the batch
+    rows = np.arange(len(stopped))
+    with_eos = np.asarray(want.completion_ids).copy()
+    with_eos[rows[stopped], stock_lengths[stopped]] = tiny.CharTokenizer.EOS
+    np.testing.assert_array_equal(got.completion_ids, with_eos)
+    np.testing.assert_array_equal(np.asarray(got.completion_mask).sum(axis=1),
+                                  stock_lengths + stopped)
     assert 0 < float(jnp.mean(learner._rewards.value)) < 1  # mixed groups: nonzero advantages
     np.testing.assert_allclose(got.advantages, want.advantages, rtol=1e-6, atol=1e-6)
     loss, grads = _loss_and_grads(our_cluster, learner, got)
-    want_loss, want_grads = _loss_and_grads(stock_cluster, stock, want)
+    want_loss, want_grads = _loss_and_grads(
+        stock_cluster, stock, want.replace(completion_ids=got.completion_ids,
+                                           completion_mask=got.completion_mask))
+    stock_loss, _ = _loss_and_grads(stock_cluster, stock, want)
+  assert abs(float(stock_loss) - float(loss)) > 1e-4  # the EOS terms change the loss
   np.testing.assert_allclose(loss, want_loss, rtol=1e-6, atol=1e-8)
   assert float(jnp.max(jnp.abs(jnp.concatenate([g.ravel() for g in want_grads])))) > 0
   for g, w in zip(grads, want_grads, strict=True):

@@ -182,6 +182,32 @@ def historical_estimate(state: HistoricalState, prompt_ids: jax.Array, *, alpha0
   return log_p, state.seen[prompt_ids]
 
 
+
+def historical_population_log_p(state: HistoricalState, *, alpha0: float = 0.5,
+                                beta0: float = 0.5) -> tuple[jax.Array, jax.Array]:
+  """log of the mean frozen estimate p over every seen prompt, for prompts not yet seen.
+
+  A prompt that missed the epochs so far (the leftover of an epoch that does not
+  divide into batches, or a prompt added later) has no estimate of its own; the
+  mean p of the prompt population is the best guess that ignores its text, and
+  lets the rest of its batch keep SERA's allocation.
+
+  Args:
+    state: the current state.
+    alpha0, beta0: the Beta prior, both > 0.
+
+  Returns:
+    (log mean p, scalar; any_seen, scalar bool: False before the first epoch
+    boundary, when the value is the prior mean's log).
+  """
+  _check_prior(alpha0, beta0)
+  log_p = _log_beta_mean(state.successes, state.failures, alpha0, beta0)
+  num_seen = jnp.sum(state.seen)
+  log_mean = (jax.scipy.special.logsumexp(jnp.where(state.seen, log_p, -jnp.inf))
+              - jnp.log(jnp.maximum(num_seen, 1)))
+  prior = jnp.log(alpha0 / (alpha0 + beta0)).astype(log_p.dtype)
+  return jnp.where(num_seen > 0, log_mean, prior), num_seen > 0
+
 def pilot_log_p(successes: jax.Array, num_pilot: int, *, alpha0: float = 0.5,
                 beta0: float = 0.5) -> jax.Array:
   """log((alpha0 + s) / (alpha0 + beta0 + num_pilot)): Beta posterior mean after a pilot.

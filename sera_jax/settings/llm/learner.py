@@ -24,12 +24,13 @@ inside every actor checkpoint (its custom metadata) and restored with it.
 import dataclasses
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from tunix.rl import algo_core, function_registry
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl import utils as rl_utils
@@ -96,6 +97,16 @@ class SeraConfig(grpo_learner.GRPOConfig):
     generation_batch_size: rollouts generated at once (a multiple of N0 that
       divides B; all B when None): bounds the sampler's KV cache. Needs
       rollout_seed, as chunks drawn with one key would repeat each other.
+    log_p_source: where a training batch's log p comes from: "historical" (the
+      discounted Beta estimator, DESIGN §1.5) or an oracle, a function
+      (model, batch) -> log p [M] of the actor and the batch's columns (e.g.
+      `arithmetic.batch_log_p`, the exact teacher-forced log p), like the
+      classification setting's oracle mode.
+    exact_log_p: the task's exact log p, a function (model, batch) -> [M] whose
+      gradient is the exact likelihood gradient; needed by align_every.
+    align_every: every this many training batches (0: never), log the cosines
+      of the step's realized gradient, of its expected gradient and of uniform
+      MaxRL's expected gradient with the exact gradient (`SeraLearner.alignment`).
   """
   allocation: str = "sera"
   estimator: str = "maxrl"
@@ -111,6 +122,9 @@ class SeraConfig(grpo_learner.GRPOConfig):
   beta0: float = 0.5
   rollout_seed: int | None = None
   generation_batch_size: int | None = None
+  log_p_source: str | Callable[[nnx.Module, dict[str, np.ndarray]], jax.Array] = "historical"
+  exact_log_p: Callable[[nnx.Module, dict[str, np.ndarray]], jax.Array] | None = None
+  align_every: int = 0
   policy_loss_fn: str = BUDGET_NORM_LOSS
   loss_agg_mode: str = TOKEN_SUM_NORM
   beta: float = 0.0
@@ -131,6 +145,12 @@ class SeraConfig(grpo_learner.GRPOConfig):
       if self.generation_batch_size % self.num_generations:
         raise ValueError(f"generation_batch_size ({self.generation_batch_size}) must be a "
                          f"multiple of num_generations ({self.num_generations}).")
+    if not callable(self.log_p_source):
+      validation.choice("log_p_source", self.log_p_source, ("historical",))
+    validation.integer("align_every", self.align_every, minimum=0)
+    if self.align_every and self.exact_log_p is None:
+      raise ValueError("align_every needs exact_log_p, the task's exact log p (model, batch) -> "
+                       "[M], to take the exact gradient.")
     if self.num_iterations != 1:
       raise ValueError(f"SeraLearner trains on-policy: num_iterations must be 1; got "
                        f"{self.num_iterations}.")
@@ -150,7 +170,8 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     historical: the estimator state over the dataset's prompts.
     batches_seen: training batches allocated so far (epochs are dataset_size / M).
     last_counts: the counts of the latest training batch (int [M]).
-    last_log_p: the estimated log p its allocation used ([M]).
+    last_log_p: the log p its allocation used ([M]).
+    last_alignment: the latest step's alignment metrics (see `alignment`), or None.
   """
 
   def __init__(self, rl_cluster: rl_cluster_lib.RLCluster, algo_config: SeraConfig,
@@ -158,16 +179,17 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     super().__init__(rl_cluster, algo_config, reward_fns, **kwargs)
     # Training data is prepared in an executor thread while evaluation data is
     # prepared on the main one: each thread keeps its own last rewards.
-    self._rewards = threading.local()
+    self._rewards, self._lengths = threading.local(), threading.local()
     self.historical = success.historical_init(algo_config.dataset_size)
     self.batches_seen = 0
-    self.last_counts = self.last_log_p = None
+    self.last_counts = self.last_log_p = self.last_alignment = None
     self._evaluations = 0
     self._generation_key, self._chunks = None, 0
     if algo_config.rollout_seed is not None:
       self._seed_each_generation()
+    self._score_what_was_sampled()
     self._allocate_step = jax.jit(self._allocate_fn)
-    self._finish_step = jax.jit(self._finish_fn)
+    self._finish_step = jax.jit(self._finish_fn, static_argnums=5)
     self._save_with_checkpoints()
     self._restore_estimator()
 
@@ -177,8 +199,14 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     return 1  # prompts are repeated by their counts in `_process_accumulated_batches`
 
   def _compute_rewards(self, *args, **kwargs):
-    rewards = super()._compute_rewards(*args, **kwargs)
-    self._rewards.value = np.asarray(rewards, np.float32)
+    rewards = np.asarray(super()._compute_rewards(*args, **kwargs))
+    # Checked here, where they are concrete: inside the jitted steps a reward of 2
+    # (Tunix sums a list of reward functions) or 0.5 would be used as is.
+    bad = ~np.isin(rewards, (0.0, 1.0))
+    if bad.any():
+      raise ValueError(f"SERA needs binary rewards (0 or 1 per rollout; a list of reward "
+                       f"functions is summed); got {rewards[bad][0]!r}.")
+    self._rewards.value = rewards.astype(np.float32)
     return rewards
 
   def _compute_trajectory_ids(self, example, steps: int) -> list[str]:
@@ -191,6 +219,10 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     batch = {key: value for key, value in rl_utils.merge_micro_batches(micro_batches).items()
              if key != "trajectory_ids"}
     ids = np.asarray(batch[config.index_key])
+    if not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or \
+        ids.max() >= config.dataset_size:
+      raise ValueError(f"the batch's {config.index_key!r} must hold integer dataset indices in "
+                       f"[0, dataset_size = {config.dataset_size}); got {ids.tolist()}.")
     budget = len(ids) * config.baseline_n
     slices = len(micro_batch_sizes)
     if budget % slices:
@@ -203,7 +235,11 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     training = mode == rl_cluster_lib.Mode.TRAIN
     steps_per_epoch = max(config.dataset_size // len(ids), 1)
     new_epoch = training and self.batches_seen > 0 and self.batches_seen % steps_per_epoch == 0
-    historical, alloc, log_p = self._allocate_step(self.historical, ids, new_epoch, training)
+    oracle_log_p = None
+    if training and callable(config.log_p_source):
+      oracle_log_p = config.log_p_source(self.rl_cluster.actor_trainer.model, batch)
+    historical, alloc, log_p = self._allocate_step(self.historical, ids, new_epoch, training,
+                                                   oracle_log_p)
     counts = np.asarray(alloc.counts)
     requests = jax.tree.map(lambda value: np.repeat(np.asarray(value), counts, axis=0), batch)
     if config.rollout_seed is not None:
@@ -216,17 +252,25 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     finally:
       self._rollout_micro_batch_size = prompts_per_step
     advantages, historical, metrics = self._finish_step(historical, ids, self._rewards.value,
-                                                        alloc, log_p)
-    example = example.replace(advantages=advantages)
+                                                        alloc, log_p, oracle_log_p is not None)
+    # The score of what was sampled: each row's tokens and, when it stopped, its EOS.
+    lengths = self._lengths.value
+    mask = np.arange(example.completion_mask.shape[1])[None, :] < lengths[:, None]
+    example = example.replace(advantages=advantages,
+                              completion_mask=jnp.asarray(mask, example.completion_mask.dtype))
+    size = budget // slices
+    slices = [rl_utils.get_batch_slice(example, slice(i * size, (i + 1) * size))
+              for i in range(slices)]
     if training:
       self.historical, self.batches_seen = historical, self.batches_seen + 1
       self.last_counts, self.last_log_p = counts, np.asarray(log_p)
+      if config.align_every and (self.batches_seen - 1) % config.align_every == 0:
+        self.last_alignment = self.alignment(batch, alloc, slices)
+        metrics = {**metrics, **self.last_alignment}
       self.rl_cluster.buffer_metrics(
           {name: (float(value), np.mean) for name, value in jax.device_get(metrics).items()},
           mode=mode)
-    size = budget // slices
-    return [rl_utils.get_batch_slice(example, slice(i * size, (i + 1) * size))
-            for i in range(slices)]
+    return slices
 
   def _batch_key(self, mode) -> jax.Array:
     """The generation key of the next batch in `mode`: training batches by their count,
@@ -260,22 +304,31 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
 
   # ---- allocation and the historical estimator (jitted) -------------------------------------
 
-  def _allocate_fn(self, historical, ids, new_epoch, training):
-    """The batch's allocation from the frozen estimate; uniform until all are estimated
-    (and for evaluation batches)."""
+  def _allocate_fn(self, historical, ids, new_epoch, training, oracle_log_p):
+    """The batch's allocation from the oracle's log p, or from the frozen estimate.
+
+    A prompt without an estimate of its own yet (not seen at an epoch boundary)
+    gets the population's mean p (`historical_population_log_p`); the whole batch
+    is uniform only while no prompt has been seen (the first epoch), and for
+    evaluation batches.
+    """
     config = self.algo_config
     historical = jax.tree.map(
         lambda started, kept: jnp.where(new_epoch, started, kept),
         success.historical_start_epoch(historical, discount=config.discount), historical)
-    log_p, has_estimate = success.historical_estimate(historical, ids, alpha0=config.alpha0,
-                                                      beta0=config.beta0)
+    if oracle_log_p is None:
+      prior = dict(alpha0=config.alpha0, beta0=config.beta0)
+      log_p, has_estimate = success.historical_estimate(historical, ids, **prior)
+      population, any_seen = success.historical_population_log_p(historical, **prior)
+      log_p = jnp.where(has_estimate, log_p, population)
+    else:
+      log_p, any_seen = jnp.asarray(oracle_log_p, jnp.float32), True
     uniform = allocation.allocate_from_config(log_p, config, "uniform")
     chosen = allocation.allocate_from_config(log_p, config, config.allocation)
-    use_chosen = training & jnp.all(has_estimate)
-    alloc = jax.tree.map(lambda a, b: jnp.where(use_chosen, a, b), chosen, uniform)
+    alloc = jax.tree.map(lambda a, b: jnp.where(training & any_seen, a, b), chosen, uniform)
     return historical, alloc, log_p
 
-  def _finish_fn(self, historical, ids, rewards, alloc, log_p):
+  def _finish_fn(self, historical, ids, rewards, alloc, log_p, exact):
     """Weighted flat advantages, the staged outcomes and the step's allocation metrics."""
     config = self.algo_config
     num_prompts = ids.shape[0]
@@ -286,8 +339,107 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     weighted = (alloc.weights[segments] * advantages).astype(jnp.float32)
     staged = success.historical_stage_flat(historical, ids, rewards, segments)
     successes = jax.ops.segment_sum(rewards, segments, num_prompts)
-    metrics = allocation.rollout_metrics(alloc, successes, log_p, estimated=True)
+    metrics = allocation.rollout_metrics(alloc, successes, log_p, estimated=not exact)
+    if not exact:
+      seen = historical.seen[ids]
+      metrics["p_estimate/unseen_fraction"] = 1.0 - jnp.mean(seen.astype(jnp.float32))
     return weighted, staged, metrics
+
+  # ---- the score of what was sampled --------------------------------------------------------
+
+  def _score_what_was_sampled(self) -> None:
+    """Gives back each stopped rollout's EOS, and records every rollout's length.
+
+    Tunix's sampler returns a completion up to, not including, its first EOS,
+    and its learner masks completion ids equal to the pad id: the EOS that ended
+    a rollout would never be trained (nor survive a tokenizer whose pad id is
+    its EOS id). A rollout shorter than max_tokens_to_generate stopped at an
+    EOS, which goes back after its tokens; a rollout of max_tokens_to_generate
+    was cut off and has none. `_process_accumulated_batches` masks each row by
+    its recorded length, so log pi(y) is the score of the whole sampled sequence.
+    """
+    cluster = self.rl_cluster
+    generate = cluster.generate
+
+    def generate_with_eos(prompts, *args, mode=rl_cluster_lib.Mode.TRAIN, **kwargs):
+      output = generate(prompts, *args, mode=mode, **kwargs)
+      rollout_config = cluster.get_rollout_config(mode)
+      if rollout_config.eos_tokens is not None and len(rollout_config.eos_tokens) > 1:
+        raise ValueError("SeraLearner trains the stop token each rollout sampled, which the "
+                         "sampler does not return: give one EOS, not eos_tokens = "
+                         f"{rollout_config.eos_tokens}.")
+      eos = cluster.rollout.eos_id()
+      limit = rollout_config.max_tokens_to_generate
+      tokens = [np.append(row, np.asarray(eos, row.dtype)) if len(row) < limit else row
+                for row in output.tokens]
+      self._lengths.value = np.array([len(row) for row in tokens])
+      return dataclasses.replace(output, tokens=tokens)
+
+    cluster.generate = generate_with_eos
+
+  # ---- alignment with the exact gradient ----------------------------------------------------
+
+  def alignment(self, batch: dict[str, np.ndarray], alloc: allocation.Allocation,
+                train_slices) -> dict[str, float]:
+    """Cosines with the exact gradient g* = (1/M) sum_q grad log p_q (the classification names).
+
+    * cos/realized: the step's realized ascent gradient, minus the gradient of
+      the very loss Tunix trains on, averaged over the train micro-batches as
+      its optimizer accumulates them;
+    * cos/expected: its expectation g_E = (1/M) sum_q (w_q n_q / N0) c(p_q, n_q)
+      grad log p_q at the step's counts and weights (DESIGN §1.4; c from
+      `expected_scale` of the configured estimator, p exact);
+    * cos/uniform_expected: uniform MaxRL's at the same budget, c = kappa(p_q, N0);
+    * norm_ratio/*: |g| / |g*| of each.
+
+    The three expectations are one backward pass of the task's exact log p with
+    three stacked cotangents.
+    """
+    config = self.algo_config
+    model = self.rl_cluster.actor_trainer.model
+    graph, params, rest = nnx.split(model, nnx.Param, ...)
+    num_prompts = alloc.counts.shape[0]
+
+    def log_p_of(params):
+      return config.exact_log_p(nnx.merge(graph, params, rest), batch)
+
+    log_p, vjp = jax.vjp(log_p_of, params)
+    cotangents = self._alignment_cotangents(jax.lax.stop_gradient(log_p), alloc) / num_prompts
+    (stacked,) = jax.vmap(vjp)(cotangents)
+    realized = self._realized_gradient(train_slices)
+    grads = jax.tree.map(lambda s, r: jnp.concatenate([s, r[None].astype(s.dtype)]),
+                         stacked, nnx.state(realized, nnx.Param))
+    leaves = [leaf.reshape(leaf.shape[0], -1) for leaf in jax.tree.leaves(grads)]
+    flat_grads = jnp.concatenate(leaves, axis=1)
+    gram = flat_grads @ flat_grads.T
+    norms = jnp.sqrt(jnp.diag(gram))
+    metrics = {}
+    for row, name in ((1, "expected"), (2, "uniform_expected"), (3, "realized")):
+      metrics[f"cos/{name}"] = float(gram[0, row] / (norms[0] * norms[row]))
+      metrics[f"norm_ratio/{name}"] = float(norms[row] / norms[0])
+    return metrics
+
+  def _alignment_cotangents(self, log_p, alloc) -> jax.Array:
+    """[3, M] per-prompt coefficients of grad log p_q: exact, expected at the step's counts,
+    uniform MaxRL's expected (each times M)."""
+    config = self.algo_config
+    n0 = config.baseline_n
+    scale = estimators.expected_scale(config.estimator, log_p, alloc.counts, max_n=config.n_max)
+    uniform = estimators.expected_scale("maxrl", log_p, jnp.full_like(alloc.counts, n0),
+                                        max_n=n0)
+    expected = alloc.weights * alloc.counts / n0 * scale
+    return jnp.stack([jnp.ones_like(log_p), expected, uniform]).astype(jnp.float32)
+
+  def _realized_gradient(self, train_slices):
+    """Minus the gradient of Tunix's training loss, averaged over the train micro-batches."""
+    trainer = self.rl_cluster.actor_trainer
+
+    def loss(model, example):
+      out = trainer.loss_fn(model, **trainer.gen_model_input_fn(example))
+      return out[0] if trainer._has_aux else out
+
+    grads = [nnx.grad(loss)(trainer.model, example) for example in train_slices]
+    return jax.tree.map(lambda *g: -sum(g) / len(g), *grads)
 
   # ---- the estimator's state inside the actor's checkpoints ---------------------------------
 
