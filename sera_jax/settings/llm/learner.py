@@ -40,6 +40,7 @@ from sera_jax.method import allocation, estimators, flat, success, validation
 
 BUDGET_NORM_LOSS = "sera_budget_norm"
 TOKEN_SUM_NORM = "sequence-mean-token-sum-norm"
+DEFERRED_ADVANTAGES = "sera_deferred"
 ESTIMATOR_KEY = "sera_estimator"  # in the custom metadata of every actor checkpoint
 
 
@@ -57,6 +58,13 @@ def _fixed_group_estimator(estimator: str):
 
 for _name in ("maxrl", "maxrl_plain"):
   function_registry.register_advantage_estimator(_name)(_fixed_group_estimator(_name))
+
+
+@function_registry.register_advantage_estimator(DEFERRED_ADVANTAGES)
+def deferred_advantages(rewards, **unused) -> np.ndarray:
+  """Placeholder advantages: SeraLearner computes the flat ones of its variable groups after
+  Tunix's scoring, so the fixed-group estimate Tunix would make there is skipped."""
+  return np.zeros(len(rewards), np.float32)
 
 
 @function_registry.register_policy_loss_fn(BUDGET_NORM_LOSS)
@@ -125,6 +133,7 @@ class SeraConfig(grpo_learner.GRPOConfig):
   log_p_source: str | Callable[[nnx.Module, dict[str, np.ndarray]], jax.Array] = "historical"
   exact_log_p: Callable[[nnx.Module, dict[str, np.ndarray]], jax.Array] | None = None
   align_every: int = 0
+  advantage_estimator: str = DEFERRED_ADVANTAGES
   policy_loss_fn: str = BUDGET_NORM_LOSS
   loss_agg_mode: str = TOKEN_SUM_NORM
   beta: float = 0.0
@@ -145,6 +154,10 @@ class SeraConfig(grpo_learner.GRPOConfig):
       if self.generation_batch_size % self.num_generations:
         raise ValueError(f"generation_batch_size ({self.generation_batch_size}) must be a "
                          f"multiple of num_generations ({self.num_generations}).")
+    if self.advantage_estimator != DEFERRED_ADVANTAGES:
+      raise ValueError(f"SeraLearner's advantages come from `estimator` (got "
+                       f"advantage_estimator={self.advantage_estimator!r}); leave "
+                       f"advantage_estimator at its default.")
     if not callable(self.log_p_source):
       validation.choice("log_p_source", self.log_p_source, ("historical",))
     validation.integer("align_every", self.align_every, minimum=0)
@@ -189,7 +202,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
       self._seed_each_generation()
     self._score_what_was_sampled()
     self._allocate_step = jax.jit(self._allocate_fn)
-    self._finish_step = jax.jit(self._finish_fn, static_argnums=5)
+    self._finish_step = jax.jit(self._finish_fn, static_argnames="exact")
     self._save_with_checkpoints()
     self._restore_estimator()
 
@@ -251,16 +264,14 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
       example = self._generate_and_compute_advantage(requests, mode)
     finally:
       self._rollout_micro_batch_size = prompts_per_step
-    advantages, historical, metrics = self._finish_step(historical, ids, self._rewards.value,
-                                                        alloc, log_p, oracle_log_p is not None)
-    # The score of what was sampled: each row's tokens and, when it stopped, its EOS.
-    lengths = self._lengths.value
-    mask = np.arange(example.completion_mask.shape[1])[None, :] < lengths[:, None]
-    example = example.replace(advantages=advantages,
-                              completion_mask=jnp.asarray(mask, example.completion_mask.dtype))
+    advantages, mask, historical, metrics = self._finish_step(
+        historical, ids, self._rewards.value, self._lengths.value, alloc, log_p,
+        example.completion_mask, exact=oracle_log_p is not None)
+    example = example.replace(advantages=advantages, completion_mask=mask)
     size = budget // slices
-    slices = [rl_utils.get_batch_slice(example, slice(i * size, (i + 1) * size))
-              for i in range(slices)]
+    slices = [example] if slices == 1 else [
+        rl_utils.get_batch_slice(example, slice(i * size, (i + 1) * size))
+        for i in range(slices)]
     if training:
       self.historical, self.batches_seen = historical, self.batches_seen + 1
       self.last_counts, self.last_log_p = counts, np.asarray(log_p)
@@ -328,8 +339,14 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     alloc = jax.tree.map(lambda a, b: jnp.where(training & any_seen, a, b), chosen, uniform)
     return historical, alloc, log_p
 
-  def _finish_fn(self, historical, ids, rewards, alloc, log_p, exact):
-    """Weighted flat advantages, the staged outcomes and the step's allocation metrics."""
+  def _finish_fn(self, historical, ids, rewards, lengths, alloc, log_p, stock_mask, *, exact):
+    """Weighted flat advantages, the completion mask by length, the staged outcomes and the
+    step's allocation metrics.
+
+    The mask holds each row's first `lengths` tokens, the score of what was sampled
+    (its tokens and, when it stopped, its EOS; see `_score_what_was_sampled`), in
+    place of Tunix's mask of the tokens that differ from the pad id.
+    """
     config = self.algo_config
     num_prompts = ids.shape[0]
     segments = flat.rollout_segments(alloc.counts, rewards.shape[0])
@@ -337,13 +354,14 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
                                       estimator=config.estimator)
     # w_q(i) A_i: the loss divides by B = M N0 (the budget-normalised policy loss).
     weighted = (alloc.weights[segments] * advantages).astype(jnp.float32)
+    mask = jnp.arange(stock_mask.shape[1])[None, :] < lengths[:, None]
     staged = success.historical_stage_flat(historical, ids, rewards, segments)
     successes = jax.ops.segment_sum(rewards, segments, num_prompts)
     metrics = allocation.rollout_metrics(alloc, successes, log_p, estimated=not exact)
     if not exact:
       seen = historical.seen[ids]
       metrics["p_estimate/unseen_fraction"] = 1.0 - jnp.mean(seen.astype(jnp.float32))
-    return weighted, staged, metrics
+    return weighted, mask.astype(stock_mask.dtype), staged, metrics
 
   # ---- the score of what was sampled --------------------------------------------------------
 
