@@ -287,3 +287,67 @@ def test_a_checkpoint_without_the_estimator_or_of_another_dataset_is_refused(tmp
   with pytest.raises(ValueError, match=r"holds the estimator of 16 prompts, but dataset_size "
                                        r"is 32"):
     _learner_on(tmp_path / "sera", dataset_size=32)
+
+
+def _uniform_learner(reward_fns, **config):
+  return _prepared(sera_llm.SeraLearner(
+      tiny.cluster(1), sera_llm.SeraConfig(num_generations=N0, n_max=tiny.N_MAX,
+                                           dataset_size=tiny.DATASET_SIZE, **config),
+      reward_fns))
+
+
+@pytest.mark.parametrize("reward_fns, bad", [
+    (lambda prompts, completions, **unused: [0.5] * len(prompts), "0.5"),
+    ([tiny.slack_reward, lambda prompts, completions, **unused: [1.0] * len(prompts)], "2.0"),
+])
+def test_non_binary_rewards_are_refused_before_the_jitted_steps(reward_fns, bad):
+  """A reward of 0.5, or 2 from a list of reward functions (Tunix sums them), would be staged
+  and used as is inside the jitted steps."""
+  learner = _uniform_learner(reward_fns)
+  with jax.set_mesh(tiny.mesh()), pytest.raises(ValueError, match=f"binary rewards.*{bad}"):
+    learner._process_accumulated_batches([tiny.dataset(1, M)[0]], [M], TRAIN)
+
+
+def test_dataset_indices_outside_the_dataset_are_refused():
+  """Index 16 of 16 prompts would silently read prompt 15's estimate inside jit."""
+  learner = _uniform_learner(tiny.slack_reward)
+  batch = dict(tiny.dataset(1, M)[0])
+  batch["idx"] = batch["idx"].copy()
+  batch["idx"][1] = tiny.DATASET_SIZE
+  with jax.set_mesh(tiny.mesh()), pytest.raises(ValueError, match=r"'idx' must hold integer "
+                                                                   r"dataset indices in \[0, "
+                                                                   r"dataset_size = 16\)"):
+    learner._process_accumulated_batches([batch], [M], TRAIN)
+
+
+def test_an_unseen_prompt_gets_the_population_mean_and_the_batch_keeps_sera():
+  """Epoch 2 with one prompt of the batch never seen (an epoch's leftover): its log p is the
+  mean estimate over the seen prompts, and the batch is allocated by SERA, not uniformly."""
+  learner = _uniform_learner(tiny.slack_reward)
+  batch = tiny.dataset(1, M)[0]
+  size = tiny.DATASET_SIZE
+  successes = np.linspace(0.0, 8.0, size).astype(np.float32)
+  seen = np.ones(size, bool)
+  seen[batch["idx"][2]] = False
+  learner.historical = learner.historical._replace(
+      successes=jnp.asarray(successes), failures=jnp.asarray(8.0 - successes),
+      seen=jnp.asarray(seen))
+  learner.batches_seen = 1  # within an epoch: no boundary folds the state now
+  with jax.set_mesh(tiny.mesh()):
+    learner._process_accumulated_batches([batch], [M], TRAIN)
+  estimate = (0.5 + successes) / 9.0
+  want_log_p = np.log(estimate[batch["idx"]])
+  want_log_p[2] = np.log(estimate[seen].mean())
+  np.testing.assert_allclose(learner.last_log_p, want_log_p, rtol=1e-5)
+  want = sera_jax.allocate(want_log_p, baseline_n=N0, n_min=2, n_max=tiny.N_MAX).counts
+  np.testing.assert_array_equal(learner.last_counts, want)
+  assert not (learner.last_counts == N0).all()
+
+
+def test_sera_config_refuses_what_it_would_ignore():
+  with pytest.raises(ValueError, match="leave advantage_estimator at its default"):
+    sera_llm.SeraConfig(num_generations=N0, dataset_size=16, advantage_estimator="grpo")
+  with pytest.raises(ValueError, match="log_p_source must be one of"):
+    sera_llm.SeraConfig(num_generations=N0, dataset_size=16, log_p_source="oracle")
+  with pytest.raises(ValueError, match="align_every needs exact_log_p"):
+    sera_llm.SeraConfig(num_generations=N0, dataset_size=16, align_every=1)

@@ -11,6 +11,7 @@ from sera_jax.method.success import (
     HistoricalState,
     historical_estimate,
     historical_init,
+    historical_population_log_p,
     historical_stage,
     historical_start_epoch,
     oracle_log_p,
@@ -222,3 +223,17 @@ def test_pilot_then_allocate_spends_the_budget_exactly():
   assert total == len(pilot_successes) * baseline_n
   # Hard prompts (no pilot success) get at least as many second-stage rollouts as easy ones.
   assert allocation.counts[0] >= allocation.counts[2]
+
+
+def test_population_estimate_is_the_mean_p_of_the_seen_prompts():
+  state = historical_init(4)
+  log_p, any_seen = historical_population_log_p(state)
+  assert not bool(any_seen)
+  np.testing.assert_allclose(log_p, np.log(0.5))  # the prior mean before anything is seen
+  state = state._replace(successes=jnp.array([3.0, 0.0, 9.0, 1.0]),
+                         failures=jnp.array([1.0, 4.0, 0.0, 1.0]),
+                         seen=jnp.array([True, True, False, True]))
+  log_p, any_seen = jax.jit(historical_population_log_p)(state)
+  want = np.mean([(0.5 + 3) / (1 + 4), 0.5 / (1 + 4), (0.5 + 1) / (1 + 2)])
+  assert bool(any_seen)
+  np.testing.assert_allclose(log_p, np.log(want), rtol=1e-6)
