@@ -6,7 +6,15 @@ import pytest
 from flax import nnx
 from tunix.rl import rl_cluster as rl_cluster_lib
 
+from sera_jax.harness.figures import math as math_figure
 from sera_jax.settings.llm import arithmetic, tiny
+
+MATH, MATH_TINY = math_figure.get_config(), math_figure.get_config(tiny=True)
+
+
+def _split_sizes(config) -> dict[str, int]:
+  return {"warm_start": config.warm_start_problems, "train": config.train_problems,
+          "held_out": config.held_out_problems}
 
 
 def test_split_draws_disjoint_sets_of_true_sums_with_every_operand_length():
@@ -29,9 +37,40 @@ def test_split_draws_disjoint_sets_of_true_sums_with_every_operand_length():
     arithmetic.split({"train": 30}, digits=1)
 
 
-def test_exact_reward_wants_the_sum_and_nothing_else():
-  got = arithmetic.exact_reward(None, ["130", " 130", "1300", "13", ""], ["130"] * 5)
-  assert got == [1.0, 1.0, 0.0, 0.0, 0.0]
+@pytest.mark.parametrize(("sizes", "digits", "seed"), [
+    (_split_sizes(MATH), MATH.digits, 0),
+    (_split_sizes(MATH_TINY), MATH_TINY.digits, 0),
+    ({"warm_start": 300, "train": 200, "held_out": 50}, 3, 3),
+    ({"warm_start": 64, "held_out": 16}, 2, 0),
+    ({"train": 20}, 1, 0)])
+def test_split_is_disjoint_up_to_commutation(sizes, digits, seed):
+  """a + b and b + a are one problem: never in two sets (the math figure's default split
+  once held out 9 of 128 problems whose commuted pair was a warm-start or training one)."""
+  sets = arithmetic.split(sizes, digits=digits, seed=seed)
+  owner = {}
+  for name, problems in sets.items():
+    for prompt in problems.prompts:
+      a, b = prompt[:-1].split("+")
+      unordered = tuple(sorted((int(a), int(b))))
+      assert owner.setdefault(unordered, name) == name, (prompt, owner[unordered], name)
+
+
+def test_exact_reward_wants_the_sum_then_eos_and_nothing_else():
+  got = arithmetic.exact_reward(None, ["130", " 130", "130 ", "1300", "13", ""], ["130"] * 6)
+  assert got == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+  assert arithmetic.exact_reward(None, ["0", ""], np.array(["0", "0"])) == [1.0, 0.0]
+  for bad in (["013"], [""], [" 13"], ["-1"]):
+    with pytest.raises(ValueError, match="sums without leading zeros"):
+      arithmetic.exact_reward(None, ["13"], bad)
+  with pytest.raises(ValueError):  # one answer per completion
+    arithmetic.exact_reward(None, ["13", "13"], ["13"])
+
+
+def test_generation_must_outlast_every_answer():
+  """A completion cut at max_tokens_to_generate has no EOS; it must be longer than any sum."""
+  arithmetic.check_generation_length(arithmetic.max_answer_tokens(3), 3)
+  with pytest.raises(ValueError, match="could equal a 4-place sum"):
+    arithmetic.check_generation_length(4, 3)
 
 
 def test_the_sampler_draws_the_first_answer_token_from_the_policy():

@@ -3,14 +3,19 @@
 A problem is "a+b=" with both operands written with `digits` places
 (leading zeros), a = 7 becomes "007"; the answer is the sum without leading
 zeros followed by EOS, and the reward is 1 exactly when the completion is the
-sum. Each operand's length is drawn uniformly from 1..digits before its value,
-so a batch mixes one-digit sums, which a briefly warm-started decoder nearly
-always solves, with three-digit sums and carries, which it solves a few times
-in a thousand: the spread of p over orders of magnitude that SERA allocates by.
+sum and then EOS. Each operand's length is drawn uniformly from 1..digits
+before its value, so a batch mixes one-digit sums, which a briefly
+warm-started decoder nearly always solves, with three-digit sums and carries,
+which it solves a few times in a thousand: the spread of p over orders of
+magnitude that SERA allocates by.
 
-* `problems`: a fixed set with dataset indices; `split` draws disjoint
-  warm-start, training and held-out sets.
-* `exact_reward`: the Tunix reward function.
+* `problems`: a fixed set with dataset indices; `split` draws warm-start,
+  training and held-out sets disjoint up to commutation.
+* `exact_reward`: the Tunix reward function, 1 for exactly the sequences
+  counted in p = pi(answer + EOS | prompt).
+* `exact_log_p`, `batch_log_p`: log p of every problem from one
+  teacher-forced pass, differentiable in the model's parameters (the oracle
+  of the exact likelihood gradient).
 * `warm_start`: supervised steps on (prompt, answer) pairs, the loss on the
   answer's tokens and EOS only.
 * `sample_successes`: n samples of every held-out problem from the policy,
@@ -59,19 +64,28 @@ def _operands(rng: np.random.Generator, count: int, digits: int) -> np.ndarray:
 
 
 def split(sizes: dict[str, int], *, digits: int = 3, seed: int = 0) -> dict[str, Problems]:
-  """Disjoint problem sets of the given sizes (e.g. warm_start, train, held_out).
+  """Problem sets of the given sizes (e.g. warm_start, train, held_out), disjoint up to
+  commutation.
 
-  No (a, b) pair occurs in two sets, so held-out scores measure problems the
-  policy never saw. Each set's `idx` runs over 0..size - 1.
+  No (a, b) occurs twice, nor with its commuted pair (b, a), in any set or
+  across sets: a + b = b + a, so a held-out "b+a=" would be a problem the
+  policy saw. Held-out scores therefore measure unseen problems. Each set's
+  `idx` runs over 0..size - 1.
   """
+  if digits < 1 or any(size < 0 for size in sizes.values()):
+    raise ValueError(f"digits ({digits}) must be >= 1 and the sizes {sizes} >= 0.")
   rng = np.random.default_rng(seed)
   total = sum(sizes.values())
   if total > 100**digits // 4:
     raise ValueError(f"{total} distinct problems are too many for {digits}-digit operands.")
   pairs: dict[tuple[int, int], None] = {}  # insertion-ordered, so the split is reproducible
+  unordered: set[tuple[int, int]] = set()
   while len(pairs) < total:
     first, second = _operands(rng, total, digits), _operands(rng, total, digits)
-    pairs.update(dict.fromkeys(zip(first.tolist(), second.tolist(), strict=True)))
+    for pair in zip(first.tolist(), second.tolist(), strict=True):
+      if (key := (min(pair), max(pair))) not in unordered:
+        unordered.add(key)
+        pairs[pair] = None
   ordered = list(pairs)[:total]
   sets, start = {}, 0
   for name, size in sizes.items():
@@ -90,8 +104,46 @@ def max_answer_tokens(digits: int) -> int:
 
 
 def exact_reward(prompts, completions, answer, **unused) -> list[float]:
-  """1 when the completion is exactly the sum (Tunix strips the EOS), else 0."""
-  return [float(c.strip() == a) for c, a in zip(completions, answer, strict=True)]
+  """1 exactly when the completion's tokens are the answer's tokens and then EOS, else 0.
+
+  Tunix's sampler returns the text up to, not including, the first EOS, and
+  the text of a completion cut at max_tokens_to_generate, which has no EOS.
+  Comparing texts is exact because:
+  * the decoder cannot emit PAD or BOS (`tiny.MaskedQwen2`), so every sampled
+    token before the first EOS is one character and the text determines the
+    tokens ("130" is only 1, 3, 0; " 130" is another sequence, and gets 0);
+  * a truncated completion has max_tokens_to_generate characters, more than
+    any answer has when the rollouts generate at least
+    `max_answer_tokens(digits)` = digits + 2 tokens (a sum has at most
+    digits + 1 places): it never equals the answer. `check_generation_length`
+    guards that setting; each answer is checked to be a sum's digits.
+
+  So the reward is 1 for exactly the sequences counted in
+  p = pi(answer + EOS | prompt) (`exact_log_p`).
+
+  Args:
+    prompts: unused (Tunix passes them).
+    completions: Tunix's completion texts.
+    answer: the sums, decimal without leading zeros, one per completion.
+
+  Raises:
+    ValueError: an answer that is not a sum's decimal digits.
+  """
+  answers = [str(a) for a in answer]
+  bad = [a for a in answers if not (a.isdecimal() and a.isascii() and a == str(int(a)))]
+  if bad:
+    raise ValueError(f"answers must be sums without leading zeros, got {bad[:3]}.")
+  return [float(str(c) == a) for c, a in zip(completions, answers, strict=True)]
+
+
+def check_generation_length(max_tokens_to_generate: int, digits: int) -> None:
+  """Raises ValueError unless rollouts of `max_tokens_to_generate` tokens keep
+  `exact_reward` exact for `digits`-place operands: more tokens than any answer has."""
+  if max_tokens_to_generate < max_answer_tokens(digits):
+    raise ValueError(
+        f"max_tokens_to_generate ({max_tokens_to_generate}) must be >= "
+        f"max_answer_tokens({digits}) = {max_answer_tokens(digits)}: a completion cut at "
+        f"{max_tokens_to_generate} tokens could equal a {digits + 1}-place sum without its EOS.")
 
 
 def _prompt_tokens(prompts: np.ndarray) -> np.ndarray:
@@ -107,6 +159,75 @@ def _causal_logits(model: nnx.Module, tokens: jax.Array) -> jax.Array:
                           (tokens.shape[0], length, length))
   logits, _ = model(tokens, positions, None, mask)
   return logits
+
+
+def _answer_tokens(answers) -> tuple[np.ndarray, np.ndarray]:
+  """[Q, W] each answer's characters then EOS, right-padded with PAD, and the bool mask
+  of those tokens; W = the longest answer + 1."""
+  encoded = [[*TOKENIZER.encode(str(a)), TOKENIZER.eos_id()] for a in answers]
+  width = max(len(tokens) for tokens in encoded)
+  tokens = np.full((len(encoded), width), TOKENIZER.pad_id(), np.int32)
+  mask = np.zeros((len(encoded), width), bool)
+  for row, answer in enumerate(encoded):
+    tokens[row, :len(answer)], mask[row, :len(answer)] = answer, True
+  return tokens, mask
+
+
+def exact_log_p(model: nnx.Module, prompts, answers) -> jax.Array:
+  """log p_q = log pi(answer tokens + EOS | BOS + prompt tokens) of every problem (float32 [Q]).
+
+  One teacher-forced causal pass over BOS, prompt, answer and EOS, the sum of
+  the log-softmax of the answer's tokens and EOS (PAD after shorter answers is
+  masked). The sequences are laid out as Tunix's sampler feeds them (BOS, the
+  prompt's characters, no padding inside), and `exact_reward` is 1 for exactly
+  these sequences, so p_q is the probability that a rollout is rewarded.
+  Differentiable in the model's nnx.Param (nnx.grad of the mean of it is the
+  exact gradient of (1/Q) sum_q log p_q) and jittable: the strings are
+  tokenized on the host, so jit a function that closes over them.
+
+  Args:
+    model: a decoder over `TOKENIZER`'s ids (`tiny.decoder`).
+    prompts: Q prompt strings of one length ("007+123=").
+    answers: Q answer strings, any lengths ("130"; "" is the probability of EOS first).
+
+  Raises:
+    ValueError: no prompts, a count mismatch, prompts of different lengths or a
+      character the tokenizer lacks.
+  """
+  prompts, answers = [str(p) for p in prompts], [str(a) for a in answers]
+  if not prompts or len(prompts) != len(answers):
+    raise ValueError(f"need one answer per prompt and at least one prompt, got "
+                     f"{len(prompts)} prompts and {len(answers)} answers.")
+  if len({len(p) for p in prompts}) != 1:
+    raise ValueError("the prompts of one call must have one length (the same digits), got "
+                     f"lengths {sorted({len(p) for p in prompts})}.")
+  prompt_tokens = _prompt_tokens(np.asarray(prompts))
+  answer_tokens, answer_mask = _answer_tokens(answers)
+  return _teacher_forced_log_p(model, jnp.asarray(prompt_tokens), jnp.asarray(answer_tokens),
+                               jnp.asarray(answer_mask))
+
+
+def batch_log_p(model: nnx.Module, batch: dict) -> jax.Array:
+  """`exact_log_p` of a Tunix batch (its "prompts" and "answer" columns): float32 [M].
+
+  The oracle `SeraConfig(log_p_source=arithmetic.batch_log_p)` calls.
+  """
+  missing = [key for key in ("prompts", "answer") if key not in batch]
+  if missing:
+    raise KeyError(f"the batch lacks {missing}; it has {sorted(batch)}.")
+  return exact_log_p(model, batch["prompts"], batch["answer"])
+
+
+@nnx.jit
+def _teacher_forced_log_p(model, prompt_tokens, answer_tokens, answer_mask):
+  """Per row, the sum over the answer's tokens and EOS (answer_mask) of
+  log pi(token | every token before it)."""
+  sequences = jnp.concatenate([prompt_tokens, answer_tokens], axis=1)
+  # The logits at position t predict token t + 1: the answer's start at the prompt's last.
+  logits = _causal_logits(model, sequences[:, :-1])[:, prompt_tokens.shape[1] - 1:]
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  chosen = jnp.take_along_axis(log_probs, answer_tokens[..., None], axis=-1)[..., 0]
+  return jnp.sum(jnp.where(answer_mask, chosen, 0.0), axis=1)
 
 
 def warm_start(model: nnx.Module, problems: Problems, *, steps: int, batch_size: int,

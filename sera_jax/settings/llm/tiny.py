@@ -3,11 +3,16 @@
 Digit sums "a+b=" with a dataset index each, a character tokenizer, a random
 2-layer Qwen2 decoder from Tunix's model classes, a reward with a per-prompt
 difficulty, and the RLCluster (actor, reference, vanilla rollout) on one device.
+
+The decoder cannot emit PAD or BOS (`MaskedQwen2`): Tunix's sampler and a
+teacher-forced pass then see one distribution over sequences of EOS and
+characters only, and a completion's text determines its tokens.
 """
 
 import itertools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
@@ -28,6 +33,9 @@ class CharTokenizer:
   vocab_size = 3 + len(CHARS)
 
   def encode(self, text: str, **unused) -> list[int]:
+    unknown = sorted(set(text) - set(CHARS))
+    if unknown:
+      raise ValueError(f"{text!r} has characters {unknown} outside the tokenizer's {CHARS!r}.")
     return [3 + CHARS.index(c) for c in text]
 
   def decode(self, ids, **unused) -> str:
@@ -58,7 +66,13 @@ def dataset(num_batches: int, batch_size: int, seed: int = 0) -> list[dict[str, 
 
 def slack_reward(prompts, completions, answer, idx, **unused) -> list[float]:
   """1 when the completion starts with a digit within 2 (idx % 5) of the sum: prompts differ
-  in difficulty (from exact to nearly any digit), which is what SERA allocates by."""
+  in difficulty (from exact to nearly any digit), which is what SERA allocates by.
+
+  A function of the sampled tokens only: Tunix's text is the completion up to
+  its first EOS, and with PAD and BOS unemittable (`MaskedQwen2`) its first
+  character is the first sampled token. A completion whose first token is EOS
+  (empty text) or a non-digit gets 0.
+  """
   def solved(completion: str, target: str, slack: int) -> bool:
     return completion[:1].isdigit() and abs(int(completion[0]) - int(target)) <= slack
   return [float(solved(c, a, 2 * (int(i) % 5)))
@@ -69,15 +83,45 @@ def mesh() -> jax.sharding.Mesh:
   return jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
+# Finite, so log-probabilities and their gradients stay finite, and far enough below any
+# logit that exp(MASKED_LOGIT - max) underflows to exactly 0 in float32.
+MASKED_LOGIT = -1e9
+UNEMITTABLE = (CharTokenizer.PAD, CharTokenizer.BOS)
+
+
+class MaskedQwen2(qwen2.Qwen2):
+  """Tunix's Qwen2 whose logits of PAD and BOS are MASKED_LOGIT: a policy that never emits them.
+
+  Tunix's sampler drops PAD and BOS from the text and masks a sampled PAD out
+  of the loss and the attention, so a sequence holding one would be scored as
+  another; masking them in the model itself gives the sampler, Tunix's
+  log-probabilities and a teacher-forced pass the same distribution. The call
+  signature is Qwen2's, so Tunix detects the same features (no
+  `decode_only_last_token`, `segment_ids` accepted), and nnx.split/merge keep
+  the class.
+  """
+
+  def __call__(self, input_tokens, positions, cache, attention_mask=None,
+               output_hidden_states: bool = False, segment_ids=None):
+    logits, cache = super().__call__(input_tokens, positions, cache, attention_mask,
+                                     output_hidden_states=output_hidden_states,
+                                     segment_ids=segment_ids)
+    unemittable = np.isin(np.arange(logits.shape[-1]), UNEMITTABLE)
+    return jnp.where(unemittable, jnp.asarray(MASKED_LOGIT, logits.dtype), logits), cache
+
+
 def decoder(seed: int = 0, *, num_layers: int = 2, embed_dim: int = 32, hidden_dim: int = 64,
-            num_heads: int = 2, head_dim: int = 16) -> qwen2.Qwen2:
-  """A random Qwen2 over the characters, untied embeddings (tied ones echo the last prompt
-  token); 2 layers of width 32 unless told otherwise."""
+            num_heads: int = 2, head_dim: int = 16) -> MaskedQwen2:
+  """A random Qwen2 over the characters that cannot emit PAD or BOS (`MaskedQwen2`).
+
+  Untied embeddings (tied ones echo the last prompt token); 2 layers of width
+  32 unless told otherwise.
+  """
   config = qwen2.ModelConfig(num_layers=num_layers, vocab_size=CharTokenizer.vocab_size,
                              embed_dim=embed_dim, hidden_dim=hidden_dim, num_heads=num_heads,
                              head_dim=head_dim, num_kv_heads=1, rope_theta=10_000,
                              norm_eps=1e-6, use_tied_embedding=False)
-  return qwen2.Qwen2(config, rngs=nnx.Rngs(seed))
+  return MaskedQwen2(config, rngs=nnx.Rngs(seed))
 
 
 def cluster(max_steps: int, *, checkpoint_dir: str | None = None, save_every: int = 2,
