@@ -18,8 +18,8 @@ import jax
 import numpy as np
 import optax
 import pytest
+from flax import nnx
 from tunix.rl import rl_cluster as rl_cluster_lib
-from tunix.rl.rollout import base_rollout
 
 import sera_jax
 from sera_jax.settings.llm import arithmetic, tiny
@@ -44,18 +44,19 @@ def problems_and_policy():
 WARM_START_STEPS = 8  # p = 0.09, 0.14, 0.64, 0.75 (40 steps would memorise all four)
 
 
-def _learner(model, allocation: str, estimator: str) -> sera_llm.SeraLearner:
-  rollout = base_rollout.RolloutConfig(
-      max_tokens_to_generate=arithmetic.max_answer_tokens(DIGITS),
-      max_prompt_length=2 * DIGITS + 3, kv_cache_size=4 * DIGITS + 8, temperature=1.0,
-      top_p=1.0)
-  cluster = cluster_lib.build(model, arithmetic.TOKENIZER, tiny.mesh(), optimizer=optax.sgd(0.0),
-                              max_steps=1, rollout_config=rollout)
+def _learner(model, allocation: str, estimator: str, *, align_every: int = 0,
+             max_steps: int = 1) -> sera_llm.SeraLearner:
+  """SeraLearner on the exact p (so counts are fixed) of a copy of `model` (SGD at rate 0)."""
+  actor = tiny.decoder(0)
+  nnx.update(actor, nnx.state(model, nnx.Param))
+  cluster = cluster_lib.build(actor, arithmetic.TOKENIZER, tiny.mesh(), optimizer=optax.sgd(0.0),
+                              max_steps=max_steps,
+                              rollout_config=arithmetic.rollout_config(DIGITS))
   learner = sera_llm.SeraLearner(
       cluster, sera_llm.SeraConfig(num_generations=N0, n_max=N_MAX, dataset_size=M,
                                    allocation=allocation, estimator=estimator, rollout_seed=7,
                                    log_p_source=arithmetic.batch_log_p,
-                                   exact_log_p=arithmetic.batch_log_p),
+                                   exact_log_p=arithmetic.batch_log_p, align_every=align_every),
       arithmetic.exact_reward)
   learner._rollout_micro_batch_size = learner._compute_logps_micro_batch_size = M
   return learner
@@ -99,3 +100,29 @@ def test_the_realized_gradient_through_tunix_is_unbiased_for_the_closed_form(
         f"z = {np.round(z, 2)}, without EOS z = {np.round(z_without_eos, 2)}")
   assert np.abs(z).max() < Z_LIMIT, z
   assert np.abs(z_without_eos).max() > Z_LIMIT, z_without_eos
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("allocation, align_every, steps, aligned_steps", [
+    ("uniform", 1, 2, 2), ("sera", 2, 3, 2)])
+def test_training_logs_alignment_with_the_exact_gradient(problems_and_policy, allocation,
+                                                         align_every, steps, aligned_steps):
+  """Every align_every-th batch logs the classification setting's cosines and norm ratios
+  beside Tunix's own metrics; uniform counts make the expected gradient uniform MaxRL's."""
+  problems, model = problems_and_policy
+  learner = _learner(model, allocation, "maxrl", align_every=align_every, max_steps=steps)
+  with jax.set_mesh(tiny.mesh()):
+    learner.train([problems.columns()] * steps)
+  logged = learner.rl_cluster.actor_trainer.metrics_logger
+  history = {(prefix, name): np.asarray(logged.get_metric_history(prefix, name, "train"))
+             for prefix in ("cos", "norm_ratio")
+             for name in ("realized", "expected", "uniform_expected")}
+  for key, values in history.items():
+    assert values.shape == (aligned_steps,) and np.isfinite(values).all(), key
+  for name in ("realized", "expected", "uniform_expected"):
+    assert (np.abs(history["cos", name]) <= 1 + 1e-6).all()
+  assert (history["cos", "expected"] > 0.5).all()  # every kappa > 0: a positive combination
+  if allocation == "uniform":
+    np.testing.assert_allclose(history["cos", "expected"], history["cos", "uniform_expected"],
+                               rtol=1e-5)
+  assert learner.last_alignment is not None

@@ -77,19 +77,15 @@ def warm_start(config, problems, seed: int):
 def reinforce(config, problems, warm_model, method: str, seed: int) -> dict:
   """RL from the warm start with `method` through Tunix; returns the run's scores."""
   from flax import nnx
-  from tunix.rl.rollout import base_rollout
 
   from sera_jax.settings.llm import arithmetic, learner, tiny
   from sera_jax.settings.llm import cluster as cluster_lib
   actor = _decoder(config, seed)
   nnx.update(actor, nnx.state(warm_model, nnx.Param))
-  rollout = base_rollout.RolloutConfig(
-      max_tokens_to_generate=arithmetic.max_answer_tokens(config.digits),
-      max_prompt_length=2 * config.digits + 3,  # BOS, a, "+", b, "="
-      kv_cache_size=4 * config.digits + 8, temperature=1.0, top_p=1.0)
   cluster = cluster_lib.build(actor, arithmetic.TOKENIZER, tiny.mesh(),
                               optimizer=optax.adam(config.learning_rate),
-                              max_steps=config.rl_steps, rollout_config=rollout)
+                              max_steps=config.rl_steps,
+                              rollout_config=arithmetic.rollout_config(config.digits))
   allocation, estimator = METHODS[method]
   sera = learner.SeraLearner(
       cluster, learner.SeraConfig(num_generations=config.baseline_n, n_min=config.n_min,

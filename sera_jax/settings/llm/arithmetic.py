@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
+from tunix.rl.rollout import base_rollout
 
 from sera_jax.settings.llm import tiny
 
@@ -101,6 +102,14 @@ def split(sizes: dict[str, int], *, digits: int = 3, seed: int = 0) -> dict[str,
 def max_answer_tokens(digits: int) -> int:
   """The tokens of the longest completion: digits + 1 places of the sum, then EOS."""
   return digits + 2
+
+
+def rollout_config(digits: int) -> base_rollout.RolloutConfig:
+  """Tunix's rollouts of `digits`-place problems at temperature 1: room for the longest
+  answer and its EOS (so `exact_reward` is exact), the prompt (BOS, a, "+", b, "=")."""
+  return base_rollout.RolloutConfig(
+      max_tokens_to_generate=max_answer_tokens(digits), max_prompt_length=2 * digits + 3,
+      kv_cache_size=4 * digits + 8, temperature=1.0, top_p=1.0)
 
 
 def exact_reward(prompts, completions, answer, **unused) -> list[float]:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -203,6 +204,9 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     self._score_what_was_sampled()
     self._allocate_step = jax.jit(self._allocate_fn)
     self._finish_step = jax.jit(self._finish_fn, static_argnames="exact")
+    self._loss_gradient = None  # jitted when first needed (alignment)
+    self._stack_metrics = jax.jit(lambda metrics: jnp.stack(
+        [jnp.asarray(metrics[name], jnp.float32) for name in sorted(metrics)]))
     self._save_with_checkpoints()
     self._restore_estimator()
 
@@ -278,8 +282,10 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
       if config.align_every and (self.batches_seen - 1) % config.align_every == 0:
         self.last_alignment = self.alignment(batch, alloc, slices)
         metrics = {**metrics, **self.last_alignment}
+      # One transfer for all of them (a device_get of the dict copies each scalar alone).
+      values = np.asarray(self._stack_metrics(metrics)).tolist()
       self.rl_cluster.buffer_metrics(
-          {name: (float(value), np.mean) for name, value in jax.device_get(metrics).items()},
+          {name: (value, np.mean) for name, value in zip(sorted(metrics), values, strict=True)},
           mode=mode)
     return slices
 
@@ -410,25 +416,10 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     * cos/uniform_expected: uniform MaxRL's at the same budget, c = kappa(p_q, N0);
     * norm_ratio/*: |g| / |g*| of each.
 
-    The three expectations are one backward pass of the task's exact log p with
-    three stacked cotangents.
+    The gradients come from `expected_gradients` and `realized_gradient`.
     """
-    config = self.algo_config
-    model = self.rl_cluster.actor_trainer.model
-    graph, params, rest = nnx.split(model, nnx.Param, ...)
-    num_prompts = alloc.counts.shape[0]
-
-    def log_p_of(params):
-      return config.exact_log_p(nnx.merge(graph, params, rest), batch)
-
-    log_p, vjp = jax.vjp(log_p_of, params)
-    cotangents = self._alignment_cotangents(jax.lax.stop_gradient(log_p), alloc) / num_prompts
-    (stacked,) = jax.vmap(vjp)(cotangents)
-    realized = self._realized_gradient(train_slices)
-    grads = jax.tree.map(lambda s, r: jnp.concatenate([s, r[None].astype(s.dtype)]),
-                         stacked, nnx.state(realized, nnx.Param))
-    leaves = [leaf.reshape(leaf.shape[0], -1) for leaf in jax.tree.leaves(grads)]
-    flat_grads = jnp.concatenate(leaves, axis=1)
+    flat_grads = jnp.concatenate([self.expected_gradients(batch, alloc),
+                                  self.realized_gradient(train_slices)[None]])
     gram = flat_grads @ flat_grads.T
     norms = jnp.sqrt(jnp.diag(gram))
     metrics = {}
@@ -437,27 +428,50 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
       metrics[f"norm_ratio/{name}"] = float(norms[row] / norms[0])
     return metrics
 
-  def _alignment_cotangents(self, log_p, alloc) -> jax.Array:
-    """[3, M] per-prompt coefficients of grad log p_q: exact, expected at the step's counts,
-    uniform MaxRL's expected (each times M)."""
+  def expected_gradients(self, batch: dict[str, np.ndarray],
+                         alloc: allocation.Allocation) -> jax.Array:
+    """[3, P] the exact gradient g*, the expected gradient g_E at `alloc`'s counts and
+    weights, and uniform MaxRL's g_E at N0, flattened over the actor's parameters.
+
+    Per prompt, each is a coefficient times grad log p_q (DESIGN §1.4):
+    1 / M; (w_q n_q / N0) c(p_q, n_q) / M with c = `expected_scale` of the
+    configured estimator; kappa(p_q, N0) / M. So the three are pullbacks of one
+    forward pass of the task's exact log p.
+    """
     config = self.algo_config
+    graph, params, rest = nnx.split(self.rl_cluster.actor_trainer.model, nnx.Param, ...)
+
+    def log_p_of(params):
+      return config.exact_log_p(nnx.merge(graph, params, rest), batch)
+
+    log_p, vjp = jax.vjp(log_p_of, params)
+    log_p = jax.lax.stop_gradient(log_p)
     n0 = config.baseline_n
     scale = estimators.expected_scale(config.estimator, log_p, alloc.counts, max_n=config.n_max)
     uniform = estimators.expected_scale("maxrl", log_p, jnp.full_like(alloc.counts, n0),
                                         max_n=n0)
     expected = alloc.weights * alloc.counts / n0 * scale
-    return jnp.stack([jnp.ones_like(log_p), expected, uniform]).astype(jnp.float32)
+    cotangents = jnp.stack([jnp.ones_like(log_p), expected, uniform]) / log_p.shape[0]
+    # One pullback per cotangent: a jax.vmap over the pullback re-batches its backward pass
+    # on every call (it is traced anew each step), 20x slower for the tiny decoder.
+    return jnp.stack([jax.flatten_util.ravel_pytree(vjp(cotangent)[0])[0]
+                      for cotangent in cotangents.astype(log_p.dtype)])
 
-  def _realized_gradient(self, train_slices):
-    """Minus the gradient of Tunix's training loss, averaged over the train micro-batches."""
-    trainer = self.rl_cluster.actor_trainer
+  def realized_gradient(self, train_slices) -> jax.Array:
+    """[P] the step's ascent gradient: minus the gradient of the very loss Tunix trains on,
+    averaged over the train micro-batches (as its optimizer accumulates them), flattened."""
+    if self._loss_gradient is None:
+      trainer = self.rl_cluster.actor_trainer
 
-    def loss(model, example):
-      out = trainer.loss_fn(model, **trainer.gen_model_input_fn(example))
-      return out[0] if trainer._has_aux else out
+      def loss(model, example):
+        out = trainer.loss_fn(model, **trainer.gen_model_input_fn(example))
+        return out[0] if trainer._has_aux else out
 
-    grads = [nnx.grad(loss)(trainer.model, example) for example in train_slices]
-    return jax.tree.map(lambda *g: -sum(g) / len(g), *grads)
+      self._loss_gradient = nnx.jit(nnx.grad(loss))
+    model = self.rl_cluster.actor_trainer.model
+    grads = [jax.flatten_util.ravel_pytree(self._loss_gradient(model, example))[0]
+             for example in train_slices]
+    return -sum(grads) / len(grads)
 
   # ---- the estimator's state inside the actor's checkpoints ---------------------------------
 
