@@ -117,6 +117,8 @@ def test_training_logs_alignment_with_the_exact_gradient(problems_and_policy, al
   history = {(prefix, name): np.asarray(logged.get_metric_history(prefix, name, "train"))
              for prefix in ("cos", "norm_ratio")
              for name in ("realized", "expected", "uniform_expected")}
+  history["exact_log_p", "mean"] = np.asarray(
+      logged.get_metric_history("exact_log_p", "mean", "train"))
   for key, values in history.items():
     assert values.shape == (aligned_steps,) and np.isfinite(values).all(), key
   for name in ("realized", "expected", "uniform_expected"):
@@ -125,4 +127,7 @@ def test_training_logs_alignment_with_the_exact_gradient(problems_and_policy, al
   if allocation == "uniform":
     np.testing.assert_allclose(history["cos", "expected"], history["cos", "uniform_expected"],
                                rtol=1e-5)
+  np.testing.assert_allclose(  # SGD at rate 0: the policy and so its exact log p stay put
+      history["exact_log_p", "mean"],
+      float(np.mean(arithmetic.batch_log_p(model, problems.columns()))), rtol=1e-5)
   assert learner.last_alignment is not None
