@@ -5,7 +5,7 @@ import pathlib
 import pytest
 from absl import flags
 
-from sera_jax.harness import configs, train
+from sera_jax.harness import cli, configs, train
 from sera_jax.settings.classification import task as classification_task
 from sera_jax.settings.maze import task as maze_task
 
@@ -85,3 +85,28 @@ def test_impossible_values_are_rejected_before_anything_is_built(tmp_path, overr
   with pytest.raises(ValueError, match=message):
     train.run(config, str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"seed": -1}, "config.seed must be >= 0"),
+    ({"data_seed": -1}, "config.data_seed must be >= 0"),
+    ({"max_steps": -1}, "config.max_steps must be >= 0"),
+    ({"discount": 1.5}, r"config.discount must lie in \[0, 1\]"),
+    ({"alpha0": 0.0}, "config.alpha0 must be > 0"),
+    ({"beta0": -1.0}, "config.beta0 must be > 0"),
+    ({"num_eval_mazes": 0}, "config.num_eval_mazes must be >= 1"),
+])
+def test_impossible_maze_values_are_rejected_before_anything_is_built(tmp_path, override,
+                                                                       message):
+  config = configs.load("maze")
+  config.update(override)
+  with pytest.raises(ValueError, match=message):
+    train.run(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_negative_seed_stops_the_command_before_it_writes(tmp_path):
+  # The seed was once checked only by the first batch, after the workdir and its writers.
+  with pytest.raises(SystemExit, match="error: config.seed must be >= 0; got -1"):
+    cli.main(["train", "--config.seed=-1", f"--workdir={tmp_path / 'run'}"])
+  assert not list(tmp_path.iterdir())

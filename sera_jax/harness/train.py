@@ -164,7 +164,8 @@ class NonFiniteError(FloatingPointError):
 
 def validate_run_config(config: ml_collections.ConfigDict) -> None:
   """Rejects the loop's keys with impossible values before a task is built or compiled."""
-  validation.integer("config.seed", config.seed)
+  # The data order is np.random.default_rng((seed, epoch)), which refuses a negative seed.
+  validation.integer("config.seed", config.seed, minimum=0)
   validation.integer("config.num_steps", config.num_steps, minimum=1)
   validation.integer("config.checkpoint_every", config.checkpoint_every, minimum=1)
   validation.integer("config.checkpoints_to_keep", config.get("checkpoints_to_keep", 2),
@@ -263,8 +264,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     resume: require a checkpoint to resume from (error if there is none).
     task: a prebuilt task (default: `build_task(config)`).
   """
+  # Every config value is checked, and the model built, before anything is written.
   validate_run_config(config)
-  task = task or build_task(config)  # validates the task's config before anything is written
+  task = task or build_task(config)
+  state = task.init_state(jax.random.PRNGKey(config.seed))
   directory = files.path(workdir)
   directory.mkdir(parents=True, exist_ok=True)
   is_writer = jax.process_index() == 0
@@ -272,7 +275,6 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
       directory / CHECKPOINT_DIR,
       options=ocp.CheckpointManagerOptions(max_to_keep=config.get("checkpoints_to_keep", 2),
                                            create=True))
-  state = task.init_state(jax.random.PRNGKey(config.seed))
   start = manager.latest_step() or 0
   if resume and not start:
     raise FileNotFoundError(

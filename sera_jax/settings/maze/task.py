@@ -83,7 +83,9 @@ class MazeState(NamedTuple):
 def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> None:
   """Rejects a bad config (for a mesh of `num_devices`) before anything is compiled."""
   validation.choice("config.method", config.method, METHODS)
+  validation.integer("config.data_seed", config.data_seed, minimum=0)
   maze_env.check_size(config.maze_size)
+  validation.integer("config.max_steps", config.max_steps, minimum=0)
   allocation._check_bounds(config.baseline_n, config.n_min, config.n_max)
   validation.in_unit_interval("config.threshold", config.threshold)
   batch = validation.integer("config.batch_size", config.batch_size, minimum=1)
@@ -106,7 +108,12 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> 
   validation.choice("config.optimizer", config.optimizer, optim.OPTIMIZERS)
   for name in ("learning_rate", "warmup_learning_rate", "grad_clip_norm"):
     validation.real(f"config.{name}", config[name], positive=True)
+  # The historical estimator's prior and discount are read only at a step; check them now.
+  validation.in_unit_interval("config.discount", config.discount)
+  for name in ("alpha0", "beta0"):
+    validation.real(f"config.{name}", config[name], positive=True)
   validation.integer("config.eval_samples", config.eval_samples, minimum=max(PASS_AT_K))
+  validation.integer("config.num_eval_mazes", config.num_eval_mazes, minimum=1)
   eval_batch = validation.integer("config.eval_batch_size", config.eval_batch_size, minimum=1)
   if config.num_eval_mazes % eval_batch:
     raise ValueError(f"config.num_eval_mazes ({config.num_eval_mazes}) must be a multiple of "
