@@ -212,6 +212,55 @@ def test_a_non_finite_update_is_never_saved_as_the_last_good_checkpoint(tmp_path
   assert [row["step"] for row in train.read_metrics(str(tmp_path))] == [0, 1]
 
 
+def _listing(directory):
+  """{relative path: bytes, or None for a directory} of everything under `directory`."""
+  return {str(path.relative_to(directory)): None if path.is_dir() else path.read_bytes()
+          for path in sorted(directory.rglob("*"))}
+
+
+def _corrupt_the_latest_checkpoint(workdir, step):
+  """Truncates the largest data file of checkpoint `step`, as an interrupted copy would."""
+  data = max((path for path in (workdir / "checkpoints" / str(step)).rglob("d/*")),
+             key=lambda path: path.stat().st_size)
+  data.write_bytes(data.read_bytes()[:100])
+
+
+def test_a_corrupted_checkpoint_stops_the_resumed_run_with_one_line_and_changes_nothing(tmp_path):
+  config = ml_collections.ConfigDict(dict(task="toy", method="toy", seed=0, num_steps=4,
+                                          eval_every=0, checkpoint_every=2))
+  task = _PoisonedUpdateTask(poison_step=-1)
+  train.run(config, str(tmp_path), task=task)
+  _corrupt_the_latest_checkpoint(tmp_path, 4)
+  before = _listing(tmp_path)
+  with pytest.raises(train.CheckpointError) as raised:
+    train.run(config, str(tmp_path), task=task)
+  message = str(raised.value)
+  assert "\n" not in message
+  assert f"checkpoint of step 4 in {tmp_path}/checkpoints/4 cannot be restored" in message
+  assert "resume from step 2" in message and "new --workdir" in message
+  assert _listing(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_a_corrupted_checkpoint_stops_the_command_and_its_advice_resumes(tmp_path):
+  workdir = tmp_path / "run"
+  assert _cli("train", f"--workdir={workdir}", *TINY).returncode == 0
+  _corrupt_the_latest_checkpoint(workdir, 6)
+  before = _listing(workdir)
+  resumed = _cli("train", f"--workdir={workdir}", *TINY)
+  assert resumed.returncode == 1 and not resumed.stdout
+  assert "Traceback" not in resumed.stderr and "TensorStore" not in resumed.stderr
+  assert resumed.stderr.splitlines()[-1] == (
+      f"error: the checkpoint of step 6 in {workdir}/checkpoints/6 cannot be restored: it is "
+      f"corrupt or incomplete. Nothing in {workdir} was changed; to go on, move "
+      f"{workdir}/checkpoints/6 out of {workdir}/checkpoints to resume from step 4, the latest "
+      f"earlier checkpoint kept, or start over with a new --workdir.")
+  assert _listing(workdir) == before
+  (workdir / "checkpoints" / "6").rename(tmp_path / "corrupt-6")
+  assert _cli("train", f"--workdir={workdir}", *TINY).returncode == 0
+  assert [row["step"] for row in train.read_metrics(str(workdir))] == list(range(6))
+
+
 def test_tensorboard_events_read_back_with_the_logged_scalars(tmp_path):
   config = ml_collections.ConfigDict(dict(task="toy", method="toy", seed=0, num_steps=4,
                                           eval_every=0, checkpoint_every=4))

@@ -51,7 +51,8 @@ def train(argv: list[str]) -> None:
   try:
     training.check_same_run(config, workdir)
     rows = training.run(config, workdir, resume=values.resume)
-  except (ValueError, TypeError, FileNotFoundError, training.NonFiniteError) as error:
+  except (ValueError, TypeError, FileNotFoundError, training.NonFiniteError,
+          training.CheckpointError) as error:
     raise SystemExit(f"error: {error}") from None
   except files.storage_errors() as error:
     raise SystemExit(f"error: workdir {workdir}: {error}") from None

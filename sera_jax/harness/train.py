@@ -162,6 +162,38 @@ class NonFiniteError(FloatingPointError):
     self.step = step
 
 
+class CheckpointError(RuntimeError):
+  """Raised when the checkpoint a run would resume from cannot be restored.
+
+  The workdir is left as it was; the message names the step, its path and how to go on.
+  """
+
+
+def _restore_latest(manager: ocp.CheckpointManager, state: Any, workdir: str) -> tuple[Any, int]:
+  """(the state of the latest checkpoint in `manager`, its step), or (`state`, 0) if none.
+
+  Raises:
+    CheckpointError: that checkpoint cannot be read back into the structure of `state`.
+  """
+  step = manager.latest_step()
+  if step is None:
+    return state, 0
+  try:
+    return manager.restore(step, args=ocp.args.StandardRestore(state)), step
+  # Orbax re-raises TensorStore's read failures as bare Exceptions whose text is the store's
+  # whole specification; what a user needs is which checkpoint failed and what to do.
+  except Exception as error:
+    checkpoints = f"{workdir}/{CHECKPOINT_DIR}"
+    earlier = [kept for kept in manager.all_steps() if kept < step]
+    way_on = (f"move {checkpoints}/{step} out of {checkpoints} to resume from step "
+              f"{max(earlier)}, the latest earlier checkpoint kept, or start over"
+              if earlier else "start over")
+    raise CheckpointError(
+        f"the checkpoint of step {step} in {checkpoints}/{step} cannot be restored: it is "
+        f"corrupt or incomplete. Nothing in {workdir} was changed; to go on, {way_on} "
+        f"with a new --workdir.") from error
+
+
 def validate_run_config(config: ml_collections.ConfigDict) -> None:
   """Rejects the loop's keys with impossible values before a task is built or compiled."""
   # The data order is np.random.default_rng((seed, epoch)), which refuses a negative seed.
@@ -275,12 +307,15 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
       directory / CHECKPOINT_DIR,
       options=ocp.CheckpointManagerOptions(max_to_keep=config.get("checkpoints_to_keep", 2),
                                            create=True))
-  start = manager.latest_step() or 0
-  if resume and not start:
-    raise FileNotFoundError(
-        f"--resume: no checkpoint in {workdir}/{CHECKPOINT_DIR} to resume from.")
-  if start:
-    state = manager.restore(start, args=ocp.args.StandardRestore(state))
+  # The checkpoint is read back before anything in the workdir is written.
+  try:
+    state, start = _restore_latest(manager, state, workdir)
+    if resume and not start:
+      raise FileNotFoundError(
+          f"--resume: no checkpoint in {workdir}/{CHECKPOINT_DIR} to resume from.")
+  except (CheckpointError, FileNotFoundError):
+    manager.close()
+    raise
   log = None
   if is_writer:
     # Rows after the checkpoint we resume from are dropped: those steps are redone.
