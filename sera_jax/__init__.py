@@ -1,5 +1,7 @@
 """sera_jax: Scale-Equalized Rollout Allocation for Maximum Likelihood RL."""
 
+from importlib import metadata
+
 from sera_jax.method.allocation import MODES, Allocation, allocate, clamp_log_p, max_count
 from sera_jax.method.estimators import ESTIMATORS, advantages, expected_scale, policy_loss
 from sera_jax.method.flat import (
@@ -34,6 +36,11 @@ from sera_jax.settings.classification.gradients import (
     expected_logit_grad,
     sample_rollouts,
 )
+
+try:
+  __version__ = metadata.version("sera_jax")
+except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+  __version__ = "0+unknown"
 
 __all__ = [
     "ESTIMATORS",
