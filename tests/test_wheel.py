@@ -11,6 +11,7 @@ import pathlib
 import subprocess
 import sys
 import sysconfig
+import tomllib
 
 import pytest
 
@@ -56,6 +57,19 @@ def test_the_installed_package_is_the_wheel(installed):
   location = _run([str(bin_dir / "python"), "-c", "import sera_jax; print(sera_jax.__file__)"],
                   cwd, env)
   assert pathlib.Path(location.strip()).is_relative_to(bin_dir.parent)
+
+
+def test_the_wheel_carries_its_version_and_license(installed):
+  bin_dir, env, cwd = installed
+  out = _run([str(bin_dir / "python"), "-c",
+              "import sera_jax; from importlib import metadata; "
+              "d = metadata.distribution('sera_jax'); print(sera_jax.__version__); "
+              "print(d.metadata['License-Expression']); print(d.read_text('licenses/LICENSE'))"],
+             cwd, env)
+  version, expression, license_text = out.split("\n", 2)
+  assert version == tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+  assert expression == "Apache-2.0"
+  assert license_text.strip() == (REPO / "LICENSE").read_text().strip()
 
 
 def test_train_runs_the_default_config(installed):
