@@ -1,7 +1,7 @@
 """The paper's ImageNet protocol (DESIGN §2): ResNet-50 from scratch, 20 epochs.
 
 Needs imagenet2012 prepared by tensorflow-datasets in config.dataset_kwargs.data_dir
-(see README); sized for an accelerator pod, not a CPU.
+(see docs/training.md); sized for an accelerator pod, not a CPU.
 """
 
 import ml_collections
