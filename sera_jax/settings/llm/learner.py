@@ -414,7 +414,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
       grad log p_q at the step's counts and weights (DESIGN §1.4; c from
       `expected_scale` of the configured estimator, p exact);
     * cos/uniform_expected: uniform MaxRL's at the same budget, c = kappa(p_q, N0);
-    * norm_ratio/*: |g| / |g*| of each;
+    * norm_ratio/*: |g| / |g*| of each (a cosine is 0 where a gradient is 0);
     * exact_log_p/mean: the batch's mean exact log p, the objective g* ascends.
 
     The gradients come from `expected_gradients` and `realized_gradient`.
@@ -426,7 +426,9 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     log_p = self.algo_config.exact_log_p(self.rl_cluster.actor_trainer.model, batch)
     metrics = {"exact_log_p/mean": float(jnp.mean(log_p))}
     for row, name in ((1, "expected"), (2, "uniform_expected"), (3, "realized")):
-      metrics[f"cos/{name}"] = float(gram[0, row] / (norms[0] * norms[row]))
+      # 0 where a gradient is 0 (no group mixed), as in the classification setting.
+      denominator = float(norms[0] * norms[row])
+      metrics[f"cos/{name}"] = float(gram[0, row]) / denominator if denominator > 0 else 0.0
       metrics[f"norm_ratio/{name}"] = float(norms[row] / norms[0])
     return metrics
 
