@@ -292,8 +292,7 @@ def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
   if fsdp * tp != jax.device_count():
     raise ValueError(f"config.mesh_shape {tuple(config.mesh_shape)} does not cover the "
                      f"{jax.device_count()} devices.")
-  return jax.make_mesh((fsdp, tp), ("fsdp", "tp"),
-                       axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  return cluster_lib.make_mesh((fsdp, tp))
 
 
 def sera_config(config: ml_collections.ConfigDict, dataset_size: int) -> learner_lib.SeraConfig:

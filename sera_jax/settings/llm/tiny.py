@@ -2,13 +2,15 @@
 
 Digit sums "a+b=" with a dataset index each, a character tokenizer, a random
 2-layer Qwen2 decoder from Tunix's model classes, a reward with a per-prompt
-difficulty, and the RLCluster (actor, reference, vanilla rollout) on one device.
+difficulty, and the RLCluster (actor, reference, vanilla rollout) on one device or
+on an ("fsdp", "tp") mesh of several.
 
 The decoder cannot emit PAD or BOS (`MaskedQwen2`): Tunix's sampler and a
 teacher-forced pass then see one distribution over sequences of EOS and
 characters only, and a completion's text determines its tokens.
 """
 
+import argparse
 import itertools
 
 import jax
@@ -79,8 +81,9 @@ def slack_reward(prompts, completions, answer, idx, **unused) -> list[float]:
           for c, a, i in zip(completions, answer, idx, strict=True)]
 
 
-def mesh() -> jax.sharding.Mesh:
-  return jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+def mesh(shape: tuple[int, int] = (1, 1)) -> jax.sharding.Mesh:
+  """The ("fsdp", "tp") mesh of `shape` over the first fsdp * tp devices (one by default)."""
+  return cluster_lib.make_mesh(shape)
 
 
 # Finite, so log-probabilities and their gradients stay finite, and far enough below any
@@ -111,61 +114,102 @@ class MaskedQwen2(qwen2.Qwen2):
 
 
 def decoder(seed: int = 0, *, num_layers: int = 2, embed_dim: int = 32, hidden_dim: int = 64,
-            num_heads: int = 2, head_dim: int = 16) -> MaskedQwen2:
+            num_heads: int = 2, num_kv_heads: int = 1, head_dim: int = 16) -> MaskedQwen2:
   """A random Qwen2 over the characters that cannot emit PAD or BOS (`MaskedQwen2`).
 
   Untied embeddings (tied ones echo the last prompt token); 2 layers of width
-  32 unless told otherwise.
+  32 unless told otherwise. Its parameters carry Tunix's default Qwen2 sharding
+  annotations (embedding and MLP widths on "fsdp", heads and the vocabulary on
+  "tp"), so on a mesh with tp > 1 the head counts must be multiples of tp
+  (`heads_for`).
   """
   config = qwen2.ModelConfig(num_layers=num_layers, vocab_size=CharTokenizer.vocab_size,
                              embed_dim=embed_dim, hidden_dim=hidden_dim, num_heads=num_heads,
-                             head_dim=head_dim, num_kv_heads=1, rope_theta=10_000,
+                             head_dim=head_dim, num_kv_heads=num_kv_heads, rope_theta=10_000,
                              norm_eps=1e-6, use_tied_embedding=False)
   return MaskedQwen2(config, rngs=nnx.Rngs(seed))
 
 
+def rollout_config() -> base_rollout.RolloutConfig:
+  """Tunix's rollouts of the digit sums: 3 tokens at temperature 1 after prompts of up to 8."""
+  return base_rollout.RolloutConfig(max_tokens_to_generate=3, max_prompt_length=8,
+                                    kv_cache_size=32, temperature=1.0, top_p=1.0)
+
+
+def heads_for(tp: int) -> dict[str, int]:
+  """The decoder's head counts on a mesh with `tp` tensor-parallel shards: 2 query heads
+  and 1 key-value head a shard (tp = 1: `decoder`'s defaults)."""
+  return {"num_heads": 2 * tp, "num_kv_heads": tp}
+
+
 def cluster(max_steps: int, *, checkpoint_dir: str | None = None, save_every: int = 2,
             log_dir: str | None = None, learning_rate: float = 1e-2,
-            train_micro_batch_size: int | None = None) -> rl_cluster_lib.RLCluster:
-  """An RLCluster of the tiny decoder (actor, reference, vanilla rollout) on one CPU device,
-  for batches of BATCH_SIZE prompts (`cluster.build`'s micro-batching)."""
-  rollout = base_rollout.RolloutConfig(max_tokens_to_generate=3, max_prompt_length=8,
-                                       kv_cache_size=32, temperature=1.0, top_p=1.0)
-  return cluster_lib.build(decoder(), CharTokenizer(), mesh(), reference=decoder(),
-                           optimizer=optax.adam(learning_rate), max_steps=max_steps,
-                           rollout_config=rollout, checkpoint_dir=checkpoint_dir,
-                           save_every=save_every, log_dir=log_dir, batch_size=BATCH_SIZE,
-                           train_micro_batch_size=train_micro_batch_size)
+            train_micro_batch_size: int | None = None,
+            actor_mesh: jax.sharding.Mesh | None = None,
+            rollout_mesh: jax.sharding.Mesh | None = None,
+            num_heads: int = 2, num_kv_heads: int = 1) -> rl_cluster_lib.RLCluster:
+  """An RLCluster of the tiny decoder (actor, reference, vanilla rollout), for batches of
+  BATCH_SIZE prompts (`cluster.build`'s micro-batching).
+
+  The actor and the reference live on `actor_mesh` (default one CPU device), the
+  rollout on `rollout_mesh` (default the actor's); the decoder has `num_heads`
+  and `num_kv_heads` (`heads_for` the meshes' tp).
+  """
+  heads = {"num_heads": num_heads, "num_kv_heads": num_kv_heads}
+  return cluster_lib.build(decoder(**heads), CharTokenizer(),
+                           mesh() if actor_mesh is None else actor_mesh,
+                           reference=decoder(**heads), optimizer=optax.adam(learning_rate),
+                           max_steps=max_steps, rollout_config=rollout_config(),
+                           checkpoint_dir=checkpoint_dir, save_every=save_every,
+                           log_dir=log_dir, batch_size=BATCH_SIZE,
+                           train_micro_batch_size=train_micro_batch_size,
+                           rollout_mesh=rollout_mesh)
 
 
 BATCH_SIZE, BASELINE_N, N_MAX = 4, 4, 16  # M prompts a step, N0, n_max: B = 16 rollouts
 
 
-def train_sera(num_steps: int, checkpoint_dir: str | None = None):
-  """Trains the tiny decoder with `SeraLearner` to `num_steps` (resuming checkpoint_dir).
+def train_sera(num_steps: int, checkpoint_dir: str | None = None,
+               mesh_shape: tuple[int, int] = (1, 1)):
+  """Trains the tiny decoder with `SeraLearner` to `num_steps` (resuming checkpoint_dir)
+  on an (fsdp, tp) = `mesh_shape` mesh, the decoder's heads `heads_for` its tp.
 
   Returns:
     The learner (its `historical`, `batches_seen` and `last_counts`).
   """
   config = sera_learner.SeraConfig(num_generations=BASELINE_N, n_min=2, n_max=N_MAX,
                                    dataset_size=DATASET_SIZE)
-  learner = sera_learner.SeraLearner(cluster(num_steps, checkpoint_dir=checkpoint_dir), config,
-                                     slack_reward)
-  with jax.set_mesh(mesh()):
+  actor_mesh = mesh(mesh_shape)
+  learner = sera_learner.SeraLearner(
+      cluster(num_steps, checkpoint_dir=checkpoint_dir, actor_mesh=actor_mesh,
+              **heads_for(mesh_shape[1])),
+      config, slack_reward)
+  with jax.set_mesh(actor_mesh):
     learner.train(dataset(num_steps, BATCH_SIZE))
   return learner
 
 
+def _mesh_shape(text: str) -> tuple[int, int]:
+  """"FSDP,TP" as two positive ints, for argparse."""
+  sizes = text.split(",")
+  if len(sizes) != 2 or not all(size.isdecimal() and int(size) >= 1 for size in sizes):
+    raise argparse.ArgumentTypeError(f"expected FSDP,TP, two positive integers; got {text!r}")
+  return int(sizes[0]), int(sizes[1])
+
+
 def main(argv: list[str] | None = None) -> None:
-  import argparse
   parser = argparse.ArgumentParser(
       prog="python -m sera_jax.settings.llm.tiny",
       description="Train the tiny digit-sum decoder with SERA inside Tunix on this machine.")
   parser.add_argument("--steps", type=int, default=8)
   parser.add_argument("--checkpoint_dir", default=None,
                       help="Tunix checkpoints and the SERA estimator (resumed when present)")
+  parser.add_argument("--mesh", type=_mesh_shape, default=(1, 1), metavar="FSDP,TP",
+                      help="the (fsdp, tp) mesh over the first FSDP * TP devices (default "
+                           "1,1); fake CPU devices: XLA_FLAGS="
+                           "--xla_force_host_platform_device_count=8")
   args = parser.parse_args(argv)
-  learner = train_sera(args.steps, args.checkpoint_dir)
+  learner = train_sera(args.steps, args.checkpoint_dir, args.mesh)
   last = "none trained now" if learner.last_counts is None else learner.last_counts.tolist()
   print(f"{learner.batches_seen} batches allocated; the last one's counts: {last}")
 
