@@ -8,6 +8,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 from tunix.rl import function_registry
@@ -351,3 +352,104 @@ def test_sera_config_refuses_what_it_would_ignore():
     sera_llm.SeraConfig(num_generations=N0, dataset_size=16, log_p_source="oracle")
   with pytest.raises(ValueError, match="align_every needs exact_log_p"):
     sera_llm.SeraConfig(num_generations=N0, dataset_size=16, align_every=1)
+
+
+def _tunix_cluster(**training):
+  """The tiny decoder's cluster built through Tunix's own config, as a Tunix user would
+  build one, with the given RLTrainingConfig keys (micro-batching, packing)."""
+  roles = (rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE, rl_cluster_lib.Role.ROLLOUT)
+  config = rl_cluster_lib.ClusterConfig(
+      role_to_mesh=dict.fromkeys(roles, tiny.mesh()), rollout_engine="vanilla",
+      training_config=rl_cluster_lib.RLTrainingConfig(
+          actor_optimizer=optax.adam(1e-2), eval_every_n_steps=10_000_000, max_steps=1,
+          **training),
+      rollout_config=tiny.rollout_config())
+  with jax.set_mesh(tiny.mesh()):
+    return rl_cluster_lib.RLCluster(actor=tiny.decoder(), tokenizer=tiny.CharTokenizer(),
+                                    cluster_config=config)
+
+
+def _sera_learner(cluster, **kwargs):
+  return sera_llm.SeraLearner(
+      cluster, sera_llm.SeraConfig(num_generations=N0, n_max=tiny.N_MAX,
+                                   dataset_size=tiny.DATASET_SIZE),
+      tiny.slack_reward, **kwargs)
+
+
+def test_one_process_per_host_is_refused_naming_pathways(monkeypatch):
+  """Tunix's RL path runs under one controller (Pathways on a multi-host slice); its sampler
+  fails on arrays another process holds."""
+  cluster = tiny.cluster(1)
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+  with pytest.raises(RuntimeError, match=r"^SeraLearner needs one controller process that sees "
+                                         r"every device: run a multi-host slice through "
+                                         r"Pathways; this is process 1 of 2[^\n]*$"):
+    _sera_learner(cluster)
+
+
+@pytest.mark.parametrize("training, refused", [
+    (dict(mini_batch_size=2, train_micro_batch_size=2),
+     r"mini_batch_size = 2 would make 2 steps of it: leave mini_batch_size None"),
+    (dict(mini_batch_size=M, train_micro_batch_size=2),
+     r"would hand the learner 2 at a time \(the least common multiple of "
+     r"rollout_micro_batch_size = 2 and compute_logps_micro_batch_size = 2"),
+    (dict(rollout_micro_batch_size=1, compute_logps_micro_batch_size=2),
+     r"would hand the learner 2 at a time .*set rollout_micro_batch_size to the batch size"),
+])
+def test_micro_batches_that_split_the_batch_are_refused_before_generating(training, refused):
+  """Each setting would have `_process_accumulated_batches` allocate over part of the M
+  prompts (or update the actor after part of them): refused at the first step, in one line."""
+  learner = _sera_learner(_tunix_cluster(**training))
+  generated = []
+  learner.rl_cluster.generate = lambda *args, **kwargs: generated.append(args)
+  with jax.set_mesh(tiny.mesh()), pytest.raises(ValueError, match=refused) as error:
+    learner.train(tiny.dataset(1, M))
+  assert "\n" not in str(error.value) and not generated
+
+
+def test_sequence_packing_is_refused():
+  """Packing regroups rollouts into rows, which breaks the loss's 1/B normalisation."""
+  with pytest.raises(ValueError, match=r"^SeraLearner divides each train micro-batch's loss by "
+                                       r"its rows .*leave max_seq_token_per_tpu None \(got "
+                                       r"64\)\.$"):
+    _sera_learner(_tunix_cluster(max_seq_token_per_tpu=64))
+
+
+def test_metric_fns_get_seras_advantages_and_prompt_mean_weighs_prompts_equally():
+  """Tunix calls metric_fns with its placeholder advantages (zeros); SeraLearner calls them
+  with the advantages its loss trains. rewards/prompt_mean is the mean over the prompts of
+  each one's success rate, where Tunix's rewards/score/mean is the mean over rollouts."""
+  calls = []
+
+  def metric_fn(prompts, completions, advantages, rewards, idx, **unused):
+    calls.append((list(prompts), list(completions), np.asarray(advantages),
+                  np.asarray(rewards), np.asarray(idx)))
+    return {"custom/rollouts": (len(prompts), np.mean)}
+
+  learner = _prepared(_sera_learner(tiny.cluster(1), metric_fns=[metric_fn]))
+  # Epoch 2 of a seen population: SERA's uneven counts (see the unseen-prompt test).
+  successes = np.linspace(0.0, 8.0, tiny.DATASET_SIZE).astype(np.float32)
+  learner.historical = learner.historical._replace(
+      successes=jnp.asarray(successes), failures=jnp.asarray(8.0 - successes),
+      seen=jnp.ones(tiny.DATASET_SIZE, bool))
+  learner.batches_seen = 1
+  batch = tiny.dataset(1, M)[0]
+  with jax.set_mesh(tiny.mesh()):
+    (example,) = learner._process_accumulated_batches([batch], [M], TRAIN)
+  counts, rewards = learner.last_counts, learner._rewards.value
+  assert not (counts == N0).all() and 0 < rewards.mean() < 1
+  (prompts, completions, advantages, got_rewards, idx), = calls
+  np.testing.assert_array_equal(advantages, example.advantages)
+  assert np.abs(advantages).max() > 0
+  np.testing.assert_array_equal(got_rewards, rewards)
+  np.testing.assert_array_equal(idx, np.repeat(batch["idx"], counts))
+  assert prompts == np.repeat(batch["prompts"], counts).tolist() and len(completions) == M * N0
+  buffered = learner.rl_cluster._buffered_train_metrics[-1].metrics
+  segments = np.repeat(np.arange(M), counts)
+  sampled = counts > 0
+  rates = np.bincount(segments, rewards, minlength=M)[sampled] / counts[sampled]
+  np.testing.assert_allclose(buffered["rewards/prompt_mean"][0], [rates.mean()], rtol=1e-6)
+  np.testing.assert_allclose(buffered["rewards/score/mean"][0], [rewards.mean()], rtol=1e-6)
+  assert buffered["custom/rollouts"][0] == [M * N0]
+

@@ -19,6 +19,12 @@ exactly B generation requests, scores them, and trains on flat advantages with
 the prompt weights folded in, so the loss is
 -(1 / (M N0)) sum_i w_q(i) A_i log pi(y_i). The estimator's state is saved
 inside every actor checkpoint (its custom metadata) and restored with it.
+
+The learner runs on any ("fsdp", "tp") meshes of one controller process (one
+host, or a multi-host slice through Pathways), colocated or with the rollout on
+devices of its own. It refuses what would break the allocation or its 1/B
+normalisation: one process per host, a batch that Tunix would score or update
+in parts, sequence packing, and train micro-batches the fsdp axis cannot split.
 """
 
 import dataclasses
@@ -179,6 +185,11 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
 
   One global step is one batch of M prompts trained as one optimizer step; the
   budget may be split into equal train micro-batches (gradient accumulation).
+  Tunix's metric_fns receive the advantages the loss trains, w_q(i) A_i (its own
+  call site would pass placeholders). Beside Tunix's rewards/score/mean, a mean
+  over rollouts that SERA's uneven counts tilt toward the prompts given more,
+  rewards/prompt_mean logs the mean over the prompts with rollouts of each
+  one's success rate, which compares across allocations.
 
   Attributes:
     historical: the estimator state over the dataset's prompts.
@@ -190,10 +201,24 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
 
   def __init__(self, rl_cluster: rl_cluster_lib.RLCluster, algo_config: SeraConfig,
                reward_fns, **kwargs):
+    if jax.process_count() > 1:
+      raise RuntimeError(
+          f"SeraLearner needs one controller process that sees every device: run a multi-host "
+          f"slice through Pathways; this is process {jax.process_index()} of "
+          f"{jax.process_count()}, and Tunix's RL path does not support one process per host.")
+    packing = rl_cluster.cluster_config.training_config.max_seq_token_per_tpu
+    if packing is not None:
+      raise ValueError(f"SeraLearner divides each train micro-batch's loss by its rows (1/B "
+                       f"over a step), which sequence packing changes: leave "
+                       f"max_seq_token_per_tpu None (got {packing}).")
     super().__init__(rl_cluster, algo_config, reward_fns, **kwargs)
+    # Tunix calls metric_fns with its placeholder advantages; this learner calls them
+    # itself once SERA's are made (`_log_metric_fns`).
+    self._metric_fns, self.metric_fns = self.metric_fns, []
     # Training data is prepared in an executor thread while evaluation data is
-    # prepared on the main one: each thread keeps its own last rewards.
-    self._rewards, self._lengths = threading.local(), threading.local()
+    # prepared on the main one: each thread keeps its own last rollouts.
+    self._rewards, self._lengths, self._completions = (threading.local(), threading.local(),
+                                                       threading.local())
     self.historical = success.historical_init(algo_config.dataset_size)
     self.batches_seen = 0
     self.last_counts = self.last_log_p = self.last_alignment = None
@@ -215,8 +240,8 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
   def _num_generations(self) -> int:
     return 1  # prompts are repeated by their counts in `_process_accumulated_batches`
 
-  def _compute_rewards(self, *args, **kwargs):
-    rewards = np.asarray(super()._compute_rewards(*args, **kwargs))
+  def _compute_rewards(self, prompts, completions, mode, **kwargs):
+    rewards = np.asarray(super()._compute_rewards(prompts, completions, mode, **kwargs))
     # Checked here, where they are concrete: inside the jitted steps a reward of 2
     # (Tunix sums a list of reward functions) or 0.5 would be used as is.
     bad = ~np.isin(rewards, (0.0, 1.0))
@@ -224,6 +249,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
       raise ValueError(f"SERA needs binary rewards (0 or 1 per rollout; a list of reward "
                        f"functions is summed); got {rewards[bad][0]!r}.")
     self._rewards.value = rewards.astype(np.float32)
+    self._completions.value = completions
     return rewards
 
   def _compute_trajectory_ids(self, example, steps: int) -> list[str]:
@@ -272,6 +298,8 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
         historical, ids, self._rewards.value, self._lengths.value, alloc, log_p,
         example.completion_mask, exact=oracle_log_p is not None)
     example = example.replace(advantages=advantages, completion_mask=mask)
+    if self._metric_fns:
+      self._log_metric_fns(requests, np.asarray(advantages), mode)
     size = budget // slices
     slices = [example] if slices == 1 else [
         rl_utils.get_batch_slice(example, slice(i * size, (i + 1) * size))
@@ -288,6 +316,57 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
           {name: (value, np.mean) for name, value in zip(sorted(metrics), values, strict=True)},
           mode=mode)
     return slices
+
+  def _run_global_step(self, full_batch_size: int, mini_batch_size: int,
+                       service_target_batch_size: int, grad_acc_steps: int, *args, **kwargs):
+    self._check_whole_batch(full_batch_size, mini_batch_size, service_target_batch_size,
+                            grad_acc_steps)
+    return super()._run_global_step(full_batch_size, mini_batch_size,
+                                    service_target_batch_size, grad_acc_steps, *args, **kwargs)
+
+  def _check_whole_batch(self, batch_size: int, mini_batch_size: int, scored_together: int,
+                         train_micro_batches: int) -> None:
+    """Refuses micro-batch settings under which SERA would not allocate (and train) a batch
+    whole, with Tunix's sizes as `RLLearner.train` resolved them.
+
+    Tunix scores `scored_together` prompts (the least common multiple of the
+    rollout and log-prob micro-batch sizes) in one `_process_accumulated_batches`
+    call, and updates the actor after every mini-batch; both must be the batch.
+    Each train micro-batch's rows must split over the actor's data axes, which
+    Tunix would otherwise replicate on every device.
+    """
+    training = self._training_config
+    if mini_batch_size != batch_size:
+      raise ValueError(f"SERA allocates and trains all M = {batch_size} prompts of a batch as "
+                       f"one optimizer step; mini_batch_size = {mini_batch_size} would make "
+                       f"{batch_size // mini_batch_size} steps of it: leave mini_batch_size None "
+                       f"or set it to the batch size.")
+    if scored_together != batch_size:
+      raise ValueError(f"SERA allocates over all M = {batch_size} prompts of a batch, but Tunix "
+                       f"would hand the learner {scored_together} at a time (the least common "
+                       f"multiple of rollout_micro_batch_size = {self._rollout_micro_batch_size} "
+                       f"and compute_logps_micro_batch_size = "
+                       f"{self._compute_logps_micro_batch_size}, which default to "
+                       f"train_micro_batch_size): set rollout_micro_batch_size to the batch "
+                       f"size (the sampler's chunk is SeraConfig.generation_batch_size).")
+    budget = batch_size * self.algo_config.baseline_n
+    mesh = self.rl_cluster.r2m[rl_cluster_lib.Role.ACTOR]
+    shards = int(np.prod([mesh.shape[axis] for axis in training.data_sharding_axis]))
+    if budget % train_micro_batches == 0 and (budget // train_micro_batches) % shards:
+      raise ValueError(f"a train micro-batch holds B / {train_micro_batches} = "
+                       f"{budget // train_micro_batches} rollouts, which the actor mesh's "
+                       f"{tuple(training.data_sharding_axis)} axes ({shards} devices) do not "
+                       f"divide, so Tunix would replicate it on every device: choose "
+                       f"batch_size, num_generations and train_micro_batch_size so they do.")
+
+  def _log_metric_fns(self, requests: dict[str, Any], advantages: np.ndarray, mode) -> None:
+    """Buffers Tunix's metric_fns of the batch's rollouts with the advantages the loss trains,
+    called as Tunix's learner calls them (its call site gets no metric_fns)."""
+    columns = {key: value for key, value in requests.items() if key != "prompts"}
+    for metric_fn in self._metric_fns:
+      self.rl_cluster.buffer_metrics(
+          metric_fn(prompts=list(requests["prompts"]), completions=self._completions.value,
+                    advantages=advantages, rewards=self._rewards.value, **columns), mode=mode)
 
   def _batch_key(self, mode) -> jax.Array:
     """The generation key of the next batch in `mode`: training batches by their count,
@@ -364,6 +443,11 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     staged = success.historical_stage_flat(historical, ids, rewards, segments)
     successes = jax.ops.segment_sum(rewards, segments, num_prompts)
     metrics = allocation.rollout_metrics(alloc, successes, log_p, estimated=not exact)
+    # Tunix's rewards/score/mean weights each prompt by its rollouts; this does not.
+    sampled = alloc.counts > 0
+    rates = successes / jnp.maximum(alloc.counts, 1)
+    metrics["rewards/prompt_mean"] = (jnp.sum(jnp.where(sampled, rates, 0.0))
+                                      / jnp.maximum(jnp.sum(sampled), 1))
     if not exact:
       seen = historical.seen[ids]
       metrics["p_estimate/unseen_fraction"] = 1.0 - jnp.mean(seen.astype(jnp.float32))
