@@ -11,11 +11,13 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from tunix.models.qwen2 import model as qwen2
 from tunix.rl import function_registry
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
 import sera_jax
+from sera_jax.settings.llm import cluster as cluster_lib
 from sera_jax.settings.llm import learner as sera_llm
 from sera_jax.settings.llm import tiny
 
@@ -453,3 +455,18 @@ def test_metric_fns_get_seras_advantages_and_prompt_mean_weighs_prompts_equally(
   np.testing.assert_allclose(buffered["rewards/score/mean"][0], [rewards.mean()], rtol=1e-6)
   assert buffered["custom/rollouts"][0] == [M * N0]
 
+
+def test_a_rematerialised_decoder_generates_with_remat_off():
+  """Tunix's sampler cannot trace an nnx.remat layer inside its decode loop (a
+  TraceContextError), and a config such as GSM8K's remats every decoder layer: the learner
+  generates with remat off and leaves it on for the training steps."""
+  actor = tiny.decoder()
+  actor.config.remat_config = qwen2.RematConfig.DECODER  # one config all its layers read
+  cluster = cluster_lib.build(actor, tiny.CharTokenizer(), tiny.mesh(),
+                              optimizer=optax.adam(1e-2), max_steps=1,
+                              rollout_config=tiny.rollout_config())
+  learner = _prepared(_sera_learner(cluster))
+  with jax.set_mesh(tiny.mesh()):
+    (example,) = learner._process_accumulated_batches([tiny.dataset(1, M)[0]], [M], TRAIN)
+  assert example.completion_ids.shape[0] == M * N0
+  assert cluster.actor_trainer.model.config.remat_config == qwen2.RematConfig.DECODER

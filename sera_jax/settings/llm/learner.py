@@ -27,6 +27,7 @@ normalisation: one process per host, a batch that Tunix would score or update
 in parts, sequence packing, and train micro-batches the fsdp axis cannot split.
 """
 
+import contextlib
 import dataclasses
 import itertools
 import threading
@@ -226,6 +227,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     self._generation_key, self._chunks = None, 0
     if algo_config.rollout_seed is not None:
       self._seed_each_generation()
+    self._generate_without_remat()
     self._score_what_was_sampled()
     self._allocate_step = jax.jit(self._allocate_fn)
     self._finish_step = jax.jit(self._finish_fn, static_argnames="exact")
@@ -453,7 +455,19 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
       metrics["p_estimate/unseen_fraction"] = 1.0 - jnp.mean(seen.astype(jnp.float32))
     return weighted, mask.astype(stock_mask.dtype), staged, metrics
 
-  # ---- the score of what was sampled --------------------------------------------------------
+  # ---- generation ---------------------------------------------------------------------------
+
+  def _generate_without_remat(self) -> None:
+    """Generates with the rollout model's rematerialisation off (`without_remat`)."""
+    cluster = self.rl_cluster
+    generate = cluster.generate
+
+    def generate_without_remat(*args, **kwargs):
+      with without_remat(cluster.rollout.model()):
+        return generate(*args, **kwargs)
+
+    cluster.generate = generate_without_remat
+
 
   def _score_what_was_sampled(self) -> None:
     """Gives back each stopped rollout's EOS, and records every rollout's length.
@@ -612,6 +626,28 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     self.historical = success.HistoricalState(**{
         name: jnp.asarray(saved[name], getattr(empty, name).dtype)
         for name in success.HistoricalState._fields})
+
+
+@contextlib.contextmanager
+def without_remat(model: nnx.Module) -> Iterator[None]:
+  """Traces `model` without rematerialisation (remat_config NONE) inside the block.
+
+  Tunix 0.1.7's sampler merges the model inside the body of its decode loop,
+  where a layer under nnx.remat raises TraceContextError; rematerialisation
+  only saves memory for a backward pass, which generation does not take.
+  Tunix's models read config.remat_config when traced, from one config their
+  layers share. A model without one is left as it is.
+  """
+  config = getattr(model, "config", None)
+  remat = getattr(config, "remat_config", None)
+  if remat is None:
+    yield
+    return
+  config.remat_config = type(remat).NONE
+  try:
+    yield
+  finally:
+    config.remat_config = remat
 
 
 def epoch_batches(columns: dict[str, np.ndarray], batch_size: int,
