@@ -259,6 +259,7 @@ def _checkpoint(learner, step):
   trainer.checkpoint_manager.close()  # waits for Orbax's asynchronous save
 
 
+@pytest.mark.slow  # builds and runs a Tunix cluster: 10-40 s here
 def test_the_estimator_and_its_counters_are_restored_from_the_actor_checkpoint(tmp_path):
   """The estimator is in the checkpoint's own metadata (finalized with it by one rename), and
   the evaluation counter comes back too, so a resumed run draws the keys an unbroken one does."""
@@ -278,6 +279,7 @@ def test_the_estimator_and_its_counters_are_restored_from_the_actor_checkpoint(t
                                 saved._batch_key(rl_cluster_lib.Mode.EVAL))
 
 
+@pytest.mark.slow  # builds and runs a Tunix cluster: 10-40 s here
 def test_a_checkpoint_without_the_estimator_or_of_another_dataset_is_refused(tmp_path):
   stock = grpo_learner.GRPOLearner(tiny.cluster(4, checkpoint_dir=str(tmp_path / "stock")),
                                    grpo_learner.GRPOConfig(num_generations=N0),
@@ -299,6 +301,7 @@ def _uniform_learner(reward_fns, **config):
       reward_fns))
 
 
+@pytest.mark.slow  # builds and runs a Tunix cluster: 10-40 s here
 @pytest.mark.parametrize("reward_fns, bad", [
     (lambda prompts, completions, **unused: [0.5] * len(prompts), "0.5"),
     ([tiny.slack_reward, lambda prompts, completions, **unused: [1.0] * len(prompts)], "2.0"),
@@ -323,6 +326,7 @@ def test_dataset_indices_outside_the_dataset_are_refused():
     learner._process_accumulated_batches([batch], [M], TRAIN)
 
 
+@pytest.mark.slow  # builds and runs a Tunix cluster: 10-40 s here
 def test_an_unseen_prompt_gets_the_population_mean_and_the_batch_keeps_sera():
   """Epoch 2 with one prompt of the batch never seen (an epoch's leftover): its log p is the
   mean estimate over the seen prompts, and the batch is allocated by SERA, not uniformly."""
