@@ -32,6 +32,7 @@ extra (google-tunix).
 import functools
 import itertools
 import json
+import textwrap
 import time
 
 import jax
@@ -236,7 +237,7 @@ def plot_alignment(runs, seeds, path: str, title: str) -> None:
     axis.set(xlabel="RL step", ylabel=label)
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-  fig.suptitle(title, fontsize=9)
+  fig.suptitle(textwrap.fill(title, 170), fontsize=9)
   fig.tight_layout()
   save_figure(fig, path, dpi=120)
 
@@ -307,8 +308,8 @@ def main(argv: list[str] | None = None) -> None:
   common.plot_pass_at_k(
       results, seeds, PASS_AT_K, png, what="held-out problems", exclude=(WARM_START,),
       styles={WARM_START: dict(linestyle="--", color="gray")},
-      title=f"{setting}; {config.held_out_problems} held-out problems x "
-      f"{config.eval_samples} samples")
+      title=textwrap.fill(f"{setting}; {config.held_out_problems} held-out problems x "
+                          f"{config.eval_samples} samples", 130))
   alignment_png, alignment_csv = common.output_paths(args.out, ALIGNMENT + stem)
   files.write_csv(alignment_csv, alignment_rows(runs, seeds))
   plot_alignment(runs, seeds, alignment_png,
