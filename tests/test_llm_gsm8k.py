@@ -232,12 +232,15 @@ def test_load_pretrained_names_a_missing_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_one_sera_step_on_mocked_gsm8k_with_a_tiny_qwen3(tmp_path, mocked_gsm8k, tokenizer):
   """The shipped config shrunk to 4 problems x N0 = 4 and 8 new tokens, generated 8 and
-  trained 2 prompts at a time: one real step, one optimizer step."""
+  trained 2 prompts at a time: one real step, one optimizer step, with every decoder layer
+  rematerialised as the config's model is."""
   config = gsm8k.get_config()
   config.update(data_dir=str(tmp_path / "tfds"), batch_size=4, num_generations=4, n_max=8,
                 num_steps=1, max_prompt_length=256, max_tokens_to_generate=8,
                 kv_cache_size=264, generation_batch_size=8, train_micro_batch_size=2)
-  learner = gsm8k.train(config, model=qwen3.Qwen3(TINY, rngs=nnx.Rngs(0)), tokenizer=tokenizer)
+  model = qwen3.Qwen3(dataclasses.replace(TINY, remat_config=qwen3.RematConfig.DECODER),
+                      rngs=nnx.Rngs(0))
+  learner = gsm8k.train(config, model=model, tokenizer=tokenizer)
   assert learner.algo_config.dataset_size == len(PENS)
   assert learner.batches_seen == 1
   assert learner.last_counts.shape == (4,) and learner.last_counts.sum() == 4 * 4

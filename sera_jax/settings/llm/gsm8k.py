@@ -108,7 +108,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.max_tokens_to_generate = 1024
   config.kv_cache_size = 1280  # >= max_prompt_length + max_tokens_to_generate
   config.temperature = 1.0
-  config.stop_tokens = ("<|im_end|>", "<|endoftext|>")  # besides EOS: Qwen's end of turn/text
+  # Stop tokens besides the tokenizer's EOS (Qwen's chat models: <|im_end|>, the end of a
+  # turn). None: SeraLearner trains the stop token each rollout sampled, which Tunix's sampler
+  # does not return, so it refuses a second one.
+  config.stop_tokens = ()
   config.rollout_seed = 0  # each generation its own key (SeraConfig.rollout_seed)
   # Memory: the budget B = 4096 rollouts is generated generation_batch_size at a time (the
   # KV cache) and trained train_micro_batch_size prompts' rollouts at a time (gradients
