@@ -26,6 +26,32 @@ IMAGENET_CLASSES = 1000
 STEPS = ("ce", "sera", "align")
 
 
+def analysis_gib(compiled) -> dict[str, float]:
+  """GiB one device holds for a compiled executable, from XLA's memory analysis: its
+  arguments, outputs and temporaries, and their total less what outputs reuse of donated
+  arguments."""
+  analysis = compiled.memory_analysis()
+  parts = {"arguments": analysis.argument_size_in_bytes,
+           "outputs": analysis.output_size_in_bytes,
+           "temporaries": analysis.temp_size_in_bytes}
+  total = sum(parts.values()) - analysis.alias_size_in_bytes
+  return {name: size / GIB for name, size in parts.items()} | {"total": total / GIB}
+
+
+def worker_rows(script: str, devices: int, args: list[str],
+                xla_flags: tuple[str, ...] = ()) -> list[dict]:
+  """The JSON rows `script --worker ARGS` prints, run in an interpreter of its own on
+  `devices` fake CPU devices (the device count is fixed when JAX starts)."""
+  flags = [os.environ.get("XLA_FLAGS", ""),
+           f"--xla_force_host_platform_device_count={devices}", *xla_flags]
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(flags).strip())
+  worker = subprocess.run([sys.executable, script, "--worker", *args], env=env,
+                          capture_output=True, text=True)
+  if worker.returncode:
+    raise SystemExit(worker.stderr[-3000:])
+  return [json.loads(line) for line in worker.stdout.splitlines()]
+
+
 def measure(config, per_device_batch: int) -> dict[str, float]:
   """GiB per device of each step of an ImageNet `config` at `per_device_batch` prompts a device.
 
@@ -65,9 +91,7 @@ def measure(config, per_device_batch: int) -> dict[str, float]:
     config.method = "ce" if name == "ce" else "sera"
     step = classification.make_train_step(model, optimizer, config, align=name == "align",
                                           mesh=mesh)
-    analysis = step.lower(state, images, labels, 0).compile().memory_analysis()
-    gib[name] = (analysis.argument_size_in_bytes + analysis.output_size_in_bytes
-                 + analysis.temp_size_in_bytes - analysis.alias_size_in_bytes) / GIB
+    gib[name] = analysis_gib(step.lower(state, images, labels, 0).compile())["total"]
   return gib
 
 
@@ -89,15 +113,8 @@ def main() -> None:
   print(f"{'devices':>7}  {'per-device batch':>16}  {'global batch':>12}  "
         + "  ".join(f"{name + ' step':>10}" for name in STEPS) + "  align / ce")
   for devices in args.devices:
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=(
-        os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"))
-    worker = subprocess.run(
-        [sys.executable, __file__, "--worker", "--config", args.config, "--per-device-batch",
-         *map(str, args.per_device_batch)], env=env, capture_output=True, text=True)
-    if worker.returncode:
-      raise SystemExit(worker.stderr[-3000:])
-    for line in worker.stdout.splitlines():
-      row = json.loads(line)
+    for row in worker_rows(__file__, devices, ["--config", args.config, "--per-device-batch",
+                                               *map(str, args.per_device_batch)]):
       print(f"{devices:>7}  {row['batch']:>16}  {row['batch'] * devices:>12}  "
             + "  ".join(f"{row[name]:>10.2f}" for name in STEPS)
             + f"  {row['align'] / row['ce']:>9.2f}x", flush=True)

@@ -8,10 +8,14 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "benchmarks"))
 
 import alignment_step  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import llm_memory  # noqa: E402
 import memory  # noqa: E402
 import run as benchmark_table  # noqa: E402
+from tunix.models.qwen3 import model as qwen3  # noqa: E402
 
 from sera_jax.harness import configs  # noqa: E402
+from sera_jax.settings.llm import gsm8k  # noqa: E402
 
 
 @pytest.mark.slow
@@ -41,3 +45,27 @@ def test_memory_compiles_the_three_steps_of_an_imagenet_config():
     assert large[step] > small[step], step
   with pytest.raises(ValueError, match="give an ImageNet config"):
     memory.measure(configs.load("default"), 2)
+
+
+@pytest.mark.slow
+def test_llm_memory_compiles_the_train_step_and_the_sampler_of_a_small_qwen3():
+  """Compile-only memory of a one-layer Qwen3 (remat on, bfloat16) at the GSM8K config's
+  keys shrunk: a train row per micro-batch, a prefill and a decode row per generation batch."""
+  config = gsm8k.get_config()
+  config.update(batch_size=4, num_generations=2, train_micro_batch_size=2,
+                max_prompt_length=8, max_tokens_to_generate=8, kv_cache_size=16)
+  small = qwen3.ModelConfig(num_layers=1, vocab_size=64, embed_dim=32, hidden_dim=64,
+                            num_heads=2, head_dim=16, num_kv_heads=1, rope_theta=10_000,
+                            norm_eps=1e-6, use_tied_embedding=False, dtype=jnp.bfloat16,
+                            remat_config=qwen3.RematConfig.DECODER)
+  skipping = qwen3.shard
+  rows = llm_memory.measure(config, [1, 2], [4, 8], model_config=small)
+  assert qwen3.shard is skipping  # the constraints applied while compiling only
+  assert [(row["step"], row["key"]) for row in rows] == [
+      ("train", 1), ("train", 2), ("prefill", 4), ("decode", 4), ("prefill", 8), ("decode", 8)]
+  for row in rows:
+    assert 0 < row["total"] <= row["colocated"]
+    assert row["total"] <= row["arguments"] + row["outputs"] + row["temporaries"]
+  by_step = {(row["step"], row["key"]): row for row in rows}
+  assert by_step["train", 2]["temporaries"] > by_step["train", 1]["temporaries"]
+  assert by_step["prefill", 8]["arguments"] > by_step["prefill", 4]["arguments"]  # KV cache

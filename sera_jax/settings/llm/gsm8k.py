@@ -114,8 +114,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.stop_tokens = ()
   config.rollout_seed = 0  # each generation its own key (SeraConfig.rollout_seed)
   # Memory: the budget B = 4096 rollouts is generated generation_batch_size at a time (the
-  # KV cache) and trained train_micro_batch_size prompts' rollouts at a time (gradients
-  # accumulate to one optimizer step a batch; the 152k-token logits dominate).
+  # KV cache, whole on every device) and trained train_micro_batch_size prompts' rollouts at
+  # a time (gradients accumulate to one optimizer step a batch). The largest that fit
+  # Qwen3-1.7B on 8 devices of 80 GB with a fifth to spare, as benchmarks/llm_memory.py
+  # measures them (docs/scaling_llm.md): 256 rollouts need 49 GiB a device (512: 93), a
+  # micro-step of 4 prompts 47 GiB (8: 91). Qwen3-8B there: 128 and 1.
   config.generation_batch_size = 256
   config.train_micro_batch_size = 4
   # Devices, checkpoints, metrics.
@@ -307,6 +310,23 @@ def sera_config(config: ml_collections.ConfigDict, dataset_size: int) -> learner
       generation_batch_size=config.generation_batch_size)
 
 
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  """The actor's optimizer: gradients clipped to config.max_grad_norm, then
+  `sera_jax.common.optim`'s of the config (AdamW at a constant 1e-6 by default)."""
+  return optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                     optim.make_optimizer(config))
+
+
+def rollout_config(config: ml_collections.ConfigDict,
+                   eos_tokens: Sequence[int]) -> base_rollout.RolloutConfig:
+  """Tunix's rollouts of the config: its lengths, KV cache and temperature, stopping at any of
+  `eos_tokens` (`stop_ids`)."""
+  return base_rollout.RolloutConfig(
+      max_tokens_to_generate=config.max_tokens_to_generate,
+      max_prompt_length=config.max_prompt_length, kv_cache_size=config.kv_cache_size,
+      temperature=config.temperature, top_p=1.0, eos_tokens=list(eos_tokens))
+
+
 def build_learner(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *,
                   model: nnx.Module | None = None, tokenizer=None
                   ) -> tuple[learner_lib.SeraLearner, Iterator[dict[str, np.ndarray]]]:
@@ -331,21 +351,16 @@ def build_learner(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *,
                      f"max_tokens_to_generate = {needed}; got {config.kv_cache_size}.")
   questions, answers = read_gsm8k(config.data_dir)
   algo_config = sera_config(config, len(questions))
-  optimizer = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
-                          optim.make_optimizer(config))
+  optimizer = make_optimizer(config)
   if model is None:
     model, tokenizer = load_pretrained(config, mesh)
   columns = problems(questions, answers, tokenizer, max_prompt_length=config.max_prompt_length,
                      enable_thinking=config.enable_thinking)
   train_batches = learner_lib.epoch_batches(columns, config.batch_size, config.seed)
-  rollout = base_rollout.RolloutConfig(
-      max_tokens_to_generate=config.max_tokens_to_generate,
-      max_prompt_length=config.max_prompt_length, kv_cache_size=config.kv_cache_size,
-      temperature=config.temperature, top_p=1.0,
-      eos_tokens=stop_ids(tokenizer, config.stop_tokens))
   cluster = cluster_lib.build(
       model, tokenizer, mesh, optimizer=optimizer, max_steps=config.num_steps,
-      rollout_config=rollout, checkpoint_dir=config.checkpoint_dir or None,
+      rollout_config=rollout_config(config, stop_ids(tokenizer, config.stop_tokens)),
+      checkpoint_dir=config.checkpoint_dir or None,
       save_every=config.save_every, max_to_keep=config.max_to_keep,
       log_dir=config.log_dir or None, batch_size=config.batch_size,
       train_micro_batch_size=config.train_micro_batch_size)
