@@ -474,3 +474,11 @@ def test_a_rematerialised_decoder_generates_with_remat_off():
     (example,) = learner._process_accumulated_batches([tiny.dataset(1, M)[0]], [M], TRAIN)
   assert example.completion_ids.shape[0] == M * N0
   assert cluster.actor_trainer.model.config.remat_config == qwen2.RematConfig.DECODER
+
+
+def test_the_tiny_command_reads_a_mesh_shape(capsys):
+  with pytest.raises(SystemExit):
+    tiny.main(["--mesh", "2"])
+  assert "expected FSDP,TP, two positive integers; got '2'" in capsys.readouterr().err
+  with pytest.raises(ValueError, match=r"an \(fsdp, tp\) = \(2, 4\) mesh needs 8 devices; got 1"):
+    tiny.mesh((2, 4))

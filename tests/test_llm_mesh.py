@@ -9,6 +9,8 @@ arithmetic task allocates from the first step with the exact log p of a warm-sta
 Fake devices need their own interpreter: this file is also the script it runs (`_main`).
 """
 
+import contextlib
+import io
 import itertools
 import json
 import os
@@ -92,6 +94,14 @@ def _learner(task: str, layout: str, warm_state):
       sera_llm.epoch_batches(_arithmetic_problems().columns(), batch_size, 0), num_steps))
 
 
+def _placed_as_annotated(model, mesh) -> bool:
+  """Whether every parameter of `model` lies on `mesh` as its sharding annotation says."""
+  params = nnx.state(model, nnx.Param)
+  return all(leaf.sharding.is_equivalent_to(jax.sharding.NamedSharding(mesh, spec), leaf.ndim)
+             for leaf, spec in zip(jax.tree.leaves(params),
+                                   jax.tree.leaves(nnx.get_partition_spec(params)), strict=True))
+
+
 def _train(task: str, layout: str, warm_state) -> dict[str, np.ndarray]:
   """One run: every step's counts and loss, the final parameters, the placements seen."""
   learner, batches = _learner(task, layout, warm_state)
@@ -122,10 +132,17 @@ def _train(task: str, layout: str, warm_state) -> dict[str, np.ndarray]:
   params = nnx.state(cluster.actor_trainer.model, nnx.Param)
   rollout_devices = {device.id for leaf in jax.tree.leaves(nnx.state(cluster.rollout.model()))
                      for device in leaf.sharding.device_set}
+  as_annotated = [_placed_as_annotated(cluster.actor_trainer.model,
+                                       cluster.r2m[rl_cluster_lib.Role.ACTOR]),
+                  _placed_as_annotated(cluster.rollout.model(),
+                                       cluster.r2m[rl_cluster_lib.Role.ROLLOUT])]
   loss = cluster.actor_trainer.metrics_logger.get_metric_history("actor", "loss", "train")
   return {"counts": np.stack(counts), "loss": np.asarray(loss),
           "placements": np.array(json.dumps(placements)),
           "rollout_devices": np.array(sorted(rollout_devices)),
+          "as_annotated": np.array(as_annotated),
+          "sharded_params": np.array(sum(not leaf.sharding.is_fully_replicated
+                                         for leaf in jax.tree.leaves(params))),
           **{f"param{jax.tree_util.keystr(path)}": np.asarray(leaf)
              for path, leaf in jax.tree_util.tree_leaves_with_path(params)}}
 
@@ -143,11 +160,20 @@ def _refuse_undivided_micro_batches() -> str:
   return "not refused"
 
 
+def _command_on_a_mesh() -> str:
+  """What `python -m sera_jax.settings.llm.tiny --mesh 2,4 --steps 1` prints."""
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    tiny.main(["--mesh", "2,4", "--steps", "1"])
+  return printed.getvalue()
+
+
 def _main(out_path: str) -> None:
   """`python tests/test_llm_mesh.py OUT.npz`: every task on every layout, into OUT.npz."""
   assert jax.device_count() == DEVICES, jax.devices()
   warm_state = _warm_arithmetic_state()
-  results = {"refusal": np.array(_refuse_undivided_micro_batches())}
+  results = {"refusal": np.array(_refuse_undivided_micro_batches()),
+             "command": np.array(_command_on_a_mesh())}
   for task, layout in itertools.product(STEPS, LAYOUTS):
     start = time.perf_counter()
     run = _train(task, layout, warm_state)
@@ -175,8 +201,9 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("task", sorted(STEPS))
 @pytest.mark.parametrize("layout", sorted(set(LAYOUTS) - {"one"}))
 def test_a_mesh_trains_like_one_device(runs, task, layout):
-  """Same counts at every step, losses and parameters within float32 tolerance, train
-  examples sharded along fsdp (not replicated), and a disaggregated rollout on its own devices."""
+  """Same counts at every step, losses and parameters within float32 tolerance, parameters
+  placed by their Qwen2 sharding annotations (which MaskedQwen2 keeps), train examples sharded
+  along fsdp (not replicated), and a disaggregated rollout on its own devices."""
   got, want = (
       {name.split("/", 2)[2]: value for name, value in runs.items()
        if name.startswith(f"{task}/{run}/")} for run in (layout, "one"))
@@ -192,6 +219,7 @@ def test_a_mesh_trains_like_one_device(runs, task, layout):
     np.testing.assert_allclose(got[name], want[name], rtol=RTOL,
                                atol=KEY_BIAS_ATOL if "['k_bias']" in name else ATOL,
                                err_msg=name)
+  assert got["as_annotated"].all() and got["sharded_params"] > 0
   placements = json.loads(str(got["placements"]))
   assert placements and all(spec == ["fsdp"] and not replicated
                             for spec, replicated in placements), placements
@@ -205,6 +233,11 @@ def test_train_micro_batches_the_fsdp_axis_cannot_split_are_refused(runs):
   assert str(runs["refusal"]).startswith("a train micro-batch holds B / 4 = 4 rollouts, which "
                                          "the actor mesh's ('fsdp',) axes (8 devices) do not "
                                          "divide"), runs["refusal"]
+
+
+@pytest.mark.slow
+def test_the_tiny_command_trains_on_a_mesh(runs):
+  assert str(runs["command"]).startswith("1 batches allocated; the last one's counts: [4, 4, 4, 4]")
 
 
 if __name__ == "__main__":
