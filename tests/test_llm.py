@@ -384,16 +384,16 @@ def _sera_learner(cluster, **kwargs):
 
 def test_one_process_per_host_is_refused_naming_pathways(monkeypatch):
   """Tunix's RL path runs under one controller (Pathways on a multi-host slice); its sampler
-  fails on arrays another process holds."""
-  cluster = tiny.cluster(1)
+  fails on arrays another process holds. Refused before the cluster is touched."""
   monkeypatch.setattr(jax, "process_count", lambda: 2)
   monkeypatch.setattr(jax, "process_index", lambda: 1)
   with pytest.raises(RuntimeError, match=r"^SeraLearner needs one controller process that sees "
                                          r"every device: run a multi-host slice through "
                                          r"Pathways; this is process 1 of 2[^\n]*$"):
-    _sera_learner(cluster)
+    _sera_learner(cluster=None)
 
 
+@pytest.mark.slow  # builds and runs a Tunix cluster: 10-40 s here
 @pytest.mark.parametrize("training, refused", [
     (dict(mini_batch_size=2, train_micro_batch_size=2),
      r"mini_batch_size = 2 would make 2 steps of it: leave mini_batch_size None"),
@@ -414,6 +414,7 @@ def test_micro_batches_that_split_the_batch_are_refused_before_generating(traini
   assert "\n" not in str(error.value) and not generated
 
 
+@pytest.mark.slow  # builds and runs a Tunix cluster: 10-40 s here
 def test_sequence_packing_is_refused():
   """Packing regroups rollouts into rows, which breaks the loss's 1/B normalisation."""
   with pytest.raises(ValueError, match=r"^SeraLearner divides each train micro-batch's loss by "
@@ -422,6 +423,7 @@ def test_sequence_packing_is_refused():
     _sera_learner(_tunix_cluster(max_seq_token_per_tpu=64))
 
 
+@pytest.mark.slow  # builds and runs a Tunix cluster: 10-40 s here
 def test_metric_fns_get_seras_advantages_and_prompt_mean_weighs_prompts_equally():
   """Tunix calls metric_fns with its placeholder advantages (zeros); SeraLearner calls them
   with the advantages its loss trains. rewards/prompt_mean is the mean over the prompts of
@@ -460,6 +462,7 @@ def test_metric_fns_get_seras_advantages_and_prompt_mean_weighs_prompts_equally(
   assert buffered["custom/rollouts"][0] == [M * N0]
 
 
+@pytest.mark.slow  # builds and runs a Tunix cluster: 10-40 s here
 def test_a_rematerialised_decoder_generates_with_remat_off():
   """Tunix's sampler cannot trace an nnx.remat layer inside its decode loop (a
   TraceContextError), and a config such as GSM8K's remats every decoder layer: the learner
