@@ -314,6 +314,7 @@ def test_non_binary_rewards_are_refused_before_the_jitted_steps(reward_fns, bad)
     learner._process_accumulated_batches([tiny.dataset(1, M)[0]], [M], TRAIN)
 
 
+@pytest.mark.slow  # builds a Tunix cluster: up to a minute on a loaded machine
 def test_dataset_indices_outside_the_dataset_are_refused():
   """Index 16 of 16 prompts would silently read prompt 15's estimate inside jit."""
   learner = _uniform_learner(tiny.slack_reward)
