@@ -212,3 +212,42 @@ def test_prepared_local_dataset_shards_hosts_and_resumes(tiny_tfds_dir):
 def test_unknown_dataset_name_is_rejected():
   with pytest.raises(ValueError, match="unknown dataset 'cifar'"):
     data.get_dataset("cifar")
+
+
+def test_digits_validation_split_comes_out_of_the_training_images():
+  plain = data.get_dataset("digits")
+  split = data.get_dataset("digits", num_validation=300)
+  assert (plain.num_validation, split.num_validation) == (0, 300)
+  assert (split.num_train, split.num_eval) == (plain.num_train - 300, plain.num_eval)
+  # The same held-out images (standardised by the smaller training set's statistics).
+  np.testing.assert_array_equal(split.eval_labels, plain.eval_labels)
+  correlation = np.corrcoef(split.eval_images.ravel(), plain.eval_images.ravel())[0, 1]
+  assert correlation == pytest.approx(1.0, abs=1e-6)
+  rows = lambda images: {image.tobytes() for image in images}  # noqa: E731
+  assert len(rows(split.validation_images) | rows(split.train_images)) == len(
+      rows(plain.train_images))
+  assert not rows(split.validation_images) & rows(split.train_images)
+  assert not rows(split.validation_images) & rows(split.eval_images)
+  with pytest.raises(ValueError, match="num_eval \\+ num_validation"):
+    data.get_dataset("digits", num_validation=1437)
+
+
+def test_synthetic_validation_split_is_fresh_noise_and_changes_no_other_split():
+  kwargs = dict(num_classes=10, num_train=200, num_eval=100)
+  plain = data.get_dataset("synthetic", **kwargs)
+  split = data.get_dataset("synthetic", num_validation=50, **kwargs)
+  for name in ("train_images", "train_labels", "eval_images", "eval_labels"):
+    np.testing.assert_array_equal(getattr(split, name), getattr(plain, name))
+  assert split.validation_images.shape == (50, 8, 8, 1)
+  assert np.bincount(split.validation_labels).tolist() == [5] * 10
+  assert not np.isin(split.validation_images[:, 0, 0, 0], split.eval_images[:, 0, 0, 0]).any()
+
+
+def test_the_validation_split_stands_in_for_the_held_out_one():
+  dataset = data.get_dataset("synthetic", num_classes=10, num_train=200, num_eval=100,
+                             num_validation=30)
+  validation = dataset.validation_split()
+  assert validation.num_eval == 30
+  np.testing.assert_array_equal(validation.eval_labels, dataset.validation_labels)
+  with pytest.raises(ValueError, match="no validation split; give it dataset_kwargs"):
+    data.get_dataset("digits").validation_split()

@@ -86,9 +86,17 @@ class ArrayDataset:
   train_labels: np.ndarray
   eval_images: np.ndarray
   eval_labels: np.ndarray
+  # A validation split drawn like the training set, disjoint from it and from the held-out
+  # split: hyperparameters are chosen on it, never on the held-out split (empty: none).
+  validation_images: np.ndarray | None = None
+  validation_labels: np.ndarray | None = None
 
   def __post_init__(self):
-    for split in ("train", "eval"):
+    if self.validation_images is None:
+      shape = (0, *self.train_images.shape[1:])
+      object.__setattr__(self, "validation_images", np.zeros(shape, np.float32))
+      object.__setattr__(self, "validation_labels", np.zeros((0,), np.int32))
+    for split in ("train", "eval", "validation"):
       images, labels = getattr(self, f"{split}_images"), getattr(self, f"{split}_labels")
       if images.dtype != np.float32 or labels.dtype != np.int32:
         raise TypeError(f"{split} images/labels must be float32/int32; got "
@@ -97,8 +105,9 @@ class ArrayDataset:
         raise ValueError(f"{split} images {images.shape} and labels {labels.shape} disagree.")
       if labels.size and not 0 <= labels.min() <= labels.max() < self.num_classes:
         raise ValueError(f"{split} labels must lie in [0, {self.num_classes}).")
-    if self.train_images.shape[1:] != self.eval_images.shape[1:]:
-      raise ValueError("train and eval images must have the same shape.")
+    if not self.train_images.shape[1:] == self.eval_images.shape[1:] == (
+        self.validation_images.shape[1:]):
+      raise ValueError("train, eval and validation images must have the same shape.")
 
   @property
   def image_shape(self) -> tuple[int, ...]:
@@ -111,6 +120,18 @@ class ArrayDataset:
   @property
   def num_eval(self) -> int:
     return int(self.eval_labels.shape[0])
+
+  @property
+  def num_validation(self) -> int:
+    return int(self.validation_labels.shape[0])
+
+  def validation_split(self) -> "ArrayDataset":
+    """This dataset with its validation split in the place of the held-out split."""
+    if not self.num_validation:
+      raise ValueError(f"the {self.name!r} dataset has no validation split; give it "
+                       f"dataset_kwargs.num_validation > 0.")
+    return dataclasses.replace(self, eval_images=self.validation_images,
+                               eval_labels=self.validation_labels)
 
   def steps_per_epoch(self, batch_size: int) -> int:
     batch_size = validation.integer("batch_size", batch_size, minimum=1)

@@ -210,17 +210,25 @@ class ClassificationTask:
     return self._steps[align](state, images, labels, step)
 
   def evaluate(self, state: TrainState) -> dict[str, float]:
-    """pass@k = mean_q 1 - (1 - p_q)^k on the held-out split (DESIGN §2)."""
+    """pass@k = mean_q 1 - (1 - p_q)^k on the held-out split (DESIGN §2), and as
+    "validation/pass@k" on the validation split when the dataset has one."""
+    metrics = self._evaluate_on(self.dataset, state, "")
+    if getattr(self.dataset, "num_validation", 0):
+      metrics |= self._evaluate_on(self.dataset.validation_split(), state, "validation/")
+    return metrics
+
+  def _evaluate_on(self, dataset, state: TrainState, prefix: str) -> dict[str, float]:
     totals = None
-    for local in self.dataset.eval_batches(self.config.eval_batch_size,
-                                           process_index=jax.process_index(),
-                                           process_count=jax.process_count()):
+    for local in dataset.eval_batches(self.config.eval_batch_size,
+                                      process_index=jax.process_index(),
+                                      process_count=jax.process_count()):
       batch = sharding.global_batch(local, self.mesh)
       sums = self._eval_sums(state, batch["image"], batch["label"], batch["mask"])
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     pass_at, correct, count = jax.device_get(totals)
-    return {f"pass@{k}": float(v / count) for k, v in zip(PASS_AT_K, pass_at, strict=True)} | {
-        "eval/accuracy": float(correct / count)}
+    return {f"{prefix}pass@{k}": float(v / count)
+            for k, v in zip(PASS_AT_K, pass_at, strict=True)} | {
+                f"{prefix or 'eval/'}accuracy": float(correct / count)}
 
   def write_figures(self, workdir: str, rows: list[dict]) -> None:
     plot_alignment([(self.config.method, rows)], f"{workdir}/alignment.png")
