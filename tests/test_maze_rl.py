@@ -125,6 +125,26 @@ def test_held_out_solutions_never_occur_in_training_and_the_replay_baseline_is_e
       [p.mean(), np.mean(1 - (1 - p) ** 4)], rtol=1e-6)
 
 
+def test_validation_mazes_share_no_path_with_training_or_held_out_mazes_and_are_scored():
+  task = maze_rl.MazeTask(_config(num_eval_mazes=16, num_validation_mazes=16,
+                                  eval_batch_size=16))
+  assert task.validation_mazes.shape == (16, *task.eval_mazes.shape[1:])
+  max_steps = task.train_paths.shape[1]
+  paths = lambda mazes: {row.tobytes() for row in np.asarray(  # noqa: E731
+      jax.vmap(lambda m: maze_env.shortest_path(m, max_steps)[0])(mazes))}
+  validation = paths(task.validation_mazes)
+  assert not validation & (paths(task.train_mazes) | paths(task.eval_mazes))
+  state = task.init_state(jax.random.PRNGKey(0))
+  metrics = task.evaluate(state)
+  assert {f"validation/pass@{k}" for k in maze_rl.PASS_AT_K} <= set(metrics)
+  # The held-out scores are those of a task without validation mazes.
+  plain = maze_rl.MazeTask(_config(num_eval_mazes=16, eval_batch_size=16))
+  assert plain.evaluate(plain.init_state(jax.random.PRNGKey(0))) == {
+      key: value for key, value in metrics.items() if not key.startswith("validation/")}
+  with pytest.raises(ValueError, match="num_validation_mazes \\(8\\) must be a multiple"):
+    maze_rl.MazeTask(_config(num_eval_mazes=16, num_validation_mazes=8, eval_batch_size=16))
+
+
 def test_the_maze_figure_of_run_rows(tmp_path):
   rows = [{"step": s, "reward/maze_mean": s / 10} for s in range(10)]
   rows[-1] |= {f"pass@{k}": 0.1 * i for i, k in enumerate(maze_rl.PASS_AT_K)}

@@ -51,6 +51,9 @@ def get_config():
   config.grad_clip_norm = 1.0
   config.microbatches = 1  # chunks of the B rollouts, sampled and differentiated in turn
   # Evaluation and checkpoints.
+  # Validation mazes (to choose hyperparameters on; 0 = none): their shortest paths occur in
+  # no training and no held-out maze. Scored as validation/pass@k at every evaluation.
+  config.num_validation_mazes = 0
   config.eval_every = 320
   config.eval_samples = 256
   config.eval_batch_size = 16

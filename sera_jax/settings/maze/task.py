@@ -46,7 +46,8 @@ from sera_jax.settings.maze.policy import MazePolicy
 
 METHODS = ("sera", "uniform", "grpo")
 PASS_AT_K = tuple(2**i for i in range(9))  # 1, 2, 4, ..., 256
-_TRAIN_SET, _EVAL_SET, _WARMUP_ORDER, _RL_ORDER, _EVAL_KEY = range(5)
+_TRAIN_SET, _EVAL_SET, _WARMUP_ORDER, _RL_ORDER, _EVAL_KEY, _VALIDATION_SET, _VALIDATION_KEY = (
+    range(7))
 
 
 def maze_success_means(counts: jax.Array, successes: jax.Array, log_p_estimate: jax.Array
@@ -115,9 +116,12 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> 
   validation.integer("config.eval_samples", config.eval_samples, minimum=max(PASS_AT_K))
   validation.integer("config.num_eval_mazes", config.num_eval_mazes, minimum=1)
   eval_batch = validation.integer("config.eval_batch_size", config.eval_batch_size, minimum=1)
-  if config.num_eval_mazes % eval_batch:
-    raise ValueError(f"config.num_eval_mazes ({config.num_eval_mazes}) must be a multiple of "
-                     f"config.eval_batch_size ({eval_batch}).")
+  for name in ("num_eval_mazes", "num_validation_mazes"):
+    if config.get(name, 0) % eval_batch:
+      raise ValueError(f"config.{name} ({config[name]}) must be a multiple of "
+                       f"config.eval_batch_size ({eval_batch}).")
+  validation.integer("config.num_validation_mazes", config.get("num_validation_mazes", 0),
+                     minimum=0)
   sharding.check_batch_divisible("config.eval_batch_size * config.eval_samples",
                                  eval_batch * config.eval_samples, num_devices)
 
@@ -135,11 +139,16 @@ def _generate(key: jax.Array, count: int, size: int) -> jax.Array:
   return jax.vmap(lambda k: maze_env.generate(k, size))(jax.random.split(key, count))
 
 
+def _generate_paths(mazes: jax.Array, max_steps: int) -> jax.Array:
+  """The shortest path of every maze."""
+  return jax.vmap(lambda m: maze_env.shortest_path(m, max_steps)[0])(mazes)
+
+
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _generate_with_paths(key: jax.Array, count: int, size: int, max_steps: int
                          ) -> tuple[jax.Array, jax.Array]:
   mazes = _generate(key, count, size)
-  return mazes, jax.vmap(lambda m: maze_env.shortest_path(m, max_steps)[0])(mazes)
+  return mazes, _generate_paths(mazes, max_steps)
 
 
 class HeldOut(NamedTuple):
@@ -170,6 +179,8 @@ def held_out_mazes(key: jax.Array, count: int, size: int, max_steps: int,
   Raises:
     ValueError: fewer than `count` novel mazes among `max_candidates`.
   """
+  if count == 0:
+    return HeldOut(jnp.zeros((0, size, size), bool), 0, 0.0)
   seen = {row.tobytes() for row in np.asarray(train_paths)}
   kept, candidates, seen_count = [], 0, 0
   while len(kept) < count:
@@ -219,9 +230,17 @@ class MazeTask:
     self.held_out = held_out_mazes(jax.random.fold_in(data_key, _EVAL_SET),
                                    config.num_eval_mazes, config.maze_size, max_steps,
                                    train_paths, novel=config.novel_eval_paths)
+    # Validation mazes (to choose hyperparameters on) have shortest paths that neither a
+    # training nor a held-out maze has.
+    self.validation = held_out_mazes(
+        jax.random.fold_in(data_key, _VALIDATION_SET), config.get("num_validation_mazes", 0),
+        config.maze_size, max_steps,
+        jnp.concatenate([train_paths, _generate_paths(self.held_out.mazes, max_steps)]),
+        novel=True)
     # Every process builds the same sets; the steps read them replicated on the mesh.
-    self.train_mazes, self.train_paths, self.eval_mazes = sharding.replicate(
-        (train_mazes, train_paths, self.held_out.mazes), self.mesh)
+    self.train_mazes, self.train_paths, self.eval_mazes, self.validation_mazes = (
+        sharding.replicate((train_mazes, train_paths, self.held_out.mazes,
+                            self.validation.mazes), self.mesh))
     self.optimizer = _optimizer(config)
     self._warmup_step = jax.jit(self._warmup_step_fn)
     self._rl_step = jax.jit(self._rl_step_fn)
@@ -245,12 +264,20 @@ class MazeTask:
     return self._rl_step(state, sharding.replicate(ids, self.mesh), step, new_epoch)
 
   def evaluate(self, state: MazeState) -> dict[str, float]:
-    """pass@k on the held-out mazes from config.eval_samples samples a maze."""
+    """pass@k on the held-out mazes from config.eval_samples samples a maze, and as
+    "validation/pass@k" on the validation mazes when the config has some."""
+    metrics = self._pass_at_k(state, self.eval_mazes, _EVAL_KEY, "")
+    if self.config.get("num_validation_mazes", 0):
+      metrics |= self._pass_at_k(state, self.validation_mazes, _VALIDATION_KEY, "validation/")
+    return metrics
+
+  def _pass_at_k(self, state: MazeState, mazes: jax.Array, key_tag: int, prefix: str
+                 ) -> dict[str, float]:
     config = self.config
-    counts = [self._eval_successes(state.params, state.rng, start)
-              for start in range(0, config.num_eval_mazes, config.eval_batch_size)]
+    counts = [self._eval_successes(state.params, state.rng, mazes, start, key_tag)
+              for start in range(0, mazes.shape[0], config.eval_batch_size)]
     values = pass_at_k(np.concatenate(jax.device_get(counts)), config.eval_samples, PASS_AT_K)
-    return {f"pass@{k}": float(v) for k, v in zip(PASS_AT_K, values, strict=True)}
+    return {f"{prefix}pass@{k}": float(v) for k, v in zip(PASS_AT_K, values, strict=True)}
 
   def write_figures(self, workdir: str, rows: list[dict]) -> None:
     """maze.png: training success rate over steps and the last pass@k curve."""
@@ -364,14 +391,16 @@ class MazeTask:
         (split(prompt), split(jnp.arange(prompt.shape[0]))))
     return actions.reshape(prompt.shape[0], -1), log_probs.reshape(-1)
 
-  def _eval_successes_fn(self, params, rng: jax.Array, start: int) -> jax.Array:
-    """Successes among config.eval_samples samples of each of the eval_batch_size held-out
-    mazes from `start`, int32 [eval_batch_size]; the samples are split over the mesh."""
+  def _eval_successes_fn(self, params, rng: jax.Array, mazes: jax.Array, start: int,
+                         key_tag: int) -> jax.Array:
+    """Successes among config.eval_samples samples of each of the eval_batch_size `mazes`
+    from `start`, int32 [eval_batch_size]; the samples are split over the mesh and drawn
+    from `rng` folded with `key_tag` (one per evaluation set) and `start`."""
     config = self.config
-    mazes = jax.lax.dynamic_slice_in_dim(self.eval_mazes, start, config.eval_batch_size)
+    mazes = jax.lax.dynamic_slice_in_dim(mazes, start, config.eval_batch_size)
     maze_ids = sharding.split_rows(
         jnp.repeat(jnp.arange(config.eval_batch_size), config.eval_samples), self.mesh)
-    key = jax.random.fold_in(jax.random.fold_in(rng, _EVAL_KEY), start)
+    key = jax.random.fold_in(jax.random.fold_in(rng, key_tag), start)
     actions, _ = self.policy.sample_rollouts(params, mazes, maze_ids, key)
     rewards = jax.vmap(maze_env.reward)(mazes[maze_ids], actions)
     return jnp.sum(rewards.reshape(config.eval_batch_size, -1), axis=1).astype(jnp.int32)
