@@ -114,21 +114,82 @@ def test_cli_figure_names_its_choices():
     cli.main(["figure", "nope"])
 
 
+def test_tune_then_repeat_tunes_on_the_first_seed_and_repeats_the_chosen_rate():
+  trained = []
+
+  def train_one(rate, seed):
+    trained.append((rate, seed))
+    return {"validation": {0.1: 0.5, 0.2: 0.7, 0.4: float("nan")}[rate], "seed": seed}
+
+  tuned = common.tune_then_repeat(train_one, [0.1, 0.2, 0.4], [3, 5, 7],
+                                  lambda run: run["validation"])
+  assert tuned.rate == 0.2
+  assert trained == [(0.1, 3), (0.2, 3), (0.4, 3), (0.2, 5), (0.2, 7)]
+  assert sorted(tuned.grid) == [0.1, 0.2, 0.4] and sorted(tuned.runs) == [3, 5, 7]
+  assert tuned.runs[3] is tuned.grid[0.2][3]
+  trained.clear()
+  scores = {(0.1, 3): 0.5, (0.1, 5): 0.1, (0.2, 3): 0.2, (0.2, 5): 0.3}
+  tuned = common.tune_then_repeat(lambda rate, seed: train_one(rate, seed) | {
+      "validation": scores.get((rate, seed))}, [0.1, 0.2], [3, 5, 7], lambda run: run["validation"],
+                                  num_tuning_seeds=2)
+  assert tuned.scores == pytest.approx({0.1: 0.3, 0.2: 0.25}) and tuned.rate == 0.1
+  assert trained == [(0.1, 3), (0.1, 5), (0.2, 3), (0.2, 5), (0.1, 7)]
+  assert [key for key, _ in common.grid_runs(tuned)] == [(0.1, 3), (0.1, 5), (0.2, 3), (0.2, 5)]
+  with pytest.raises(ValueError, match="num_tuning_seeds"):
+    common.tune_then_repeat(train_one, [0.1], [3], lambda run: 0.0, num_tuning_seeds=2)
+  assert common.choose_rate({0.3: 0.5, 0.1: 0.5, 0.2: 0.4}) == 0.1  # ties: the smaller rate
+  assert common.choose_rate({0.1: float("nan"), 0.2: 0.0}) == 0.2  # a diverged run never wins
+
+
 @pytest.mark.slow
-def test_training_outcome_smoke(tmp_path):
-  outcome.main(["--datasets", "digits", "--methods", "sera", "uniform", "--seeds", "0", "1",
-                "--num-steps", "digits=4", "--workdir-root", str(tmp_path / "runs"),
-                "--out", str(tmp_path)])
+def test_training_outcome_smoke_and_its_cache_refuses_a_run_of_another_config(tmp_path,
+                                                                            monkeypatch):
+  args = ["--datasets", "digits", "--methods", "sera", "uniform", "--seeds", "0", "1",
+          "--num-steps", "digits=4", "--learning-rates", "0.01", "0.1",
+          "--workdir-root", str(tmp_path / "runs"), "--out", str(tmp_path)]
+  outcome.main(args)
   rows = _read_csv(tmp_path / "training_outcome.csv")
   assert {(r["dataset"], r["method"]) for r in rows} == {("digits", "sera"), ("digits", "uniform")}
-  assert {"mean", "std", "ci95", "seed0", "seed1"} <= set(rows[0])
+  assert {"mean", "std", "ci95", "seed0", "seed1", "learning_rate"} <= set(rows[0])
   assert (tmp_path / "training_outcome.png").stat().st_size > 0
+  grid = _read_csv(tmp_path / "training_outcome_rates.csv")
+  assert sorted((r["method"], float(r["learning_rate"])) for r in grid) == [
+      ("sera", 0.01), ("sera", 0.1), ("uniform", 0.01), ("uniform", 0.1)]
+  for method in ("sera", "uniform"):
+    best = max((r for r in grid if r["method"] == method),
+               key=lambda r: (float(r["validation_pass@1"]), -float(r["learning_rate"])))
+    assert [r["chosen"] for r in grid if r["method"] == method].count("True") == 1
+    assert best["chosen"] == "True"
+    assert {r["learning_rate"] for r in rows if r["method"] == method} == {best["learning_rate"]}
+  # Seed 1 trained only at the chosen rate.
+  trained = {path.name for path in (tmp_path / "runs" / "digits-4steps").iterdir()}
+  assert len(trained) == 2 * 2 + 2
+  # A changed default (here the validation split) makes every cached run another config's.
+  monkeypatch.setitem(outcome.DATASETS, "digits", outcome.DATASETS["digits"]._replace(
+      num_validation=200))
+  with pytest.raises(SystemExit, match="different config \\(dataset_kwargs differ\\)"):
+    outcome.main(args)
 
 
 @pytest.mark.slow
-def test_maze_figure_smoke(tmp_path, capsys):
-  maze.main(["--tiny", "--seeds", "2", "--methods", "sera", "uniform",
-             "--workdir", str(tmp_path / "runs"), "--out", str(tmp_path)])
+def test_maze_figure_smoke_and_its_cache_refuses_a_run_of_another_config(tmp_path, capsys,
+                                                                        monkeypatch):
+  args = ["--tiny", "--seeds", "2", "--tuning-seeds", "1", "--learning-rates", "3e-4", "1e-3",
+          "--methods", "sera", "uniform", "--workdir", str(tmp_path / "runs"),
+          "--out", str(tmp_path)]
+  maze.main(args)
+  grid = _read_csv(tmp_path / "maze_passk_tiny_rates.csv")
+  assert sorted((r["method"], float(r["learning_rate"]), r["seed"]) for r in grid) == [
+      ("sera", 3e-4, "0"), ("sera", 1e-3, "0"), ("uniform", 3e-4, "0"), ("uniform", 1e-3, "0")]
+  for method in ("sera", "uniform"):
+    runs = sorted((r for r in grid if r["method"] == method),
+                  key=lambda r: (-float(r["validation_pass@16"]), float(r["learning_rate"])))
+    assert [r["chosen"] for r in runs] == ["True", "False"]
+    # Seed 1 trained only at the chosen rate.
+    assert (tmp_path / "runs" / f"{method}-lr{float(runs[0]['learning_rate']):g}-seed1").is_dir()
+    assert not (tmp_path / "runs" / f"{method}-lr{float(runs[1]['learning_rate']):g}-seed1"
+                ).exists()
+  assert (tmp_path / "maze_passk_tiny_rates.png").stat().st_size > 0
   rows = _read_csv(tmp_path / "maze_passk_tiny.csv")
   methods = {r["method"] for r in rows}
   assert methods == {"warm start", "maze-blind", "sera", "uniform", "sera - uniform"}
@@ -139,7 +200,18 @@ def test_maze_figure_smoke(tmp_path, capsys):
       uniform = next(x for x in rows if x["method"] == "uniform" and x["k"] == r["k"])
       assert float(r["seed1"]) == pytest.approx(
           float(sera["seed1"]) - float(uniform["seed1"]), abs=2e-4)
-  assert "share their shortest path" in capsys.readouterr().out
+  out = capsys.readouterr().out
+  assert "share their shortest path" in out and "every method scores 0" in out
+  # A changed default makes the cached runs another config's: refused, not read back.
+  load_config = maze.load_config
+  monkeypatch.setattr(maze, "load_config", lambda tiny: _more_eval_samples(load_config(tiny)))
+  with pytest.raises(SystemExit, match="different config \\(eval_samples differ\\)"):
+    maze.main(args)
+
+
+def _more_eval_samples(config):
+  config.eval_samples *= 2
+  return config
 
 
 @pytest.mark.slow
@@ -208,11 +280,12 @@ def test_math_figure_chooses_each_arms_rate_on_validation_problems(tmp_path, mon
 
 
 @pytest.mark.slow
-def test_budget_scaling_smoke(tmp_path, capsys):
+def test_budget_scaling_smoke_and_its_cache_refuses_a_run_of_another_config(tmp_path, capsys):
   from sera_jax.harness.figures import scaling
-  scaling.main(["--baselines", "2", "4", "--seeds", "0", "1", "--num-steps", "4",
-                "--eval-every", "2", "--methods", "ce", "uniform", "sera",
-                "--workdir-root", str(tmp_path / "runs"), "--out", str(tmp_path)])
+  args = ["--baselines", "2", "4", "--seeds", "0", "1", "--num-steps", "4",
+          "--methods", "ce", "uniform", "sera", "--learning-rates", "0.05", "0.2",
+          "--workdir-root", str(tmp_path / "runs"), "--out", str(tmp_path)]
+  scaling.main([*args, "--eval-every", "2"])
   rows = _read_csv(tmp_path / "budget_scaling.csv")
   assert {(r["N0"], r["method"]) for r in rows} == {
       (n0, m) for n0 in ("2", "4") for m in ("ce", "uniform", "sera")}
@@ -221,16 +294,29 @@ def test_budget_scaling_smoke(tmp_path, capsys):
   assert ce["2", "1", "4"] == ce["4", "1", "4"]  # one ce run per seed, drawn at every N0
   assert (tmp_path / "budget_scaling.png").stat().st_size > 0
   out = capsys.readouterr().out
-  assert "sera - uniform" in out and "ce seed 1:" in out
+  assert "sera - uniform" in out and "seed 1:" in out
   assert len(list((tmp_path / "runs" / "4steps").iterdir())) == 3  # ce, N0=2, N0=4
+  # Seed 0 at both rates, seed 1 at the chosen one: 3 runs for ce and for each (method, N0).
+  assert len(list((tmp_path / "runs" / "4steps" / "N0=2").iterdir())) == 2 * 3
+  grid = _read_csv(tmp_path / "budget_scaling_rates.csv")
+  assert len(grid) == 2 * (1 + 2 * 2) and (tmp_path / "budget_scaling_rates.png").stat().st_size
+  chosen = {(r["N0"], r["method"]): r["learning_rate"] for r in grid if r["chosen"] == "True"}
+  assert {(r["N0"], r["method"]): r["learning_rate"] for r in rows
+          if r["method"] != "ce"} == {key: rate for key, rate in chosen.items() if key[0]}
+  assert {r["learning_rate"] for r in rows if r["method"] == "ce"} == {chosen["", "ce"]}
+  # The cached runs were evaluated every 2 steps: asked for every 4, they are refused, not
+  # returned as if they were the runs asked for.
+  with pytest.raises(SystemExit, match="different config \\(eval_every differ\\)"):
+    scaling.main([*args, "--eval-every", "4"])
 
 
 def test_budget_scaling_reports_a_diverged_run_instead_of_a_number():
   from sera_jax.harness.figures import scaling
   finished = {"step": [10, 20], "pass@1": [0.1, 0.3], "pass@256": [0.2, 0.5], "diverged": None}
   stopped = {"step": [10], "pass@1": [0.2], "pass@256": [0.4], "diverged": 17}
-  results = {("sera", 16): {0: finished, 1: stopped}, ("uniform", 16): {0: finished, 1: finished}}
-  steps, values = scaling._padded(results["sera", 16], [0, 1], "pass@1")
+  results = {("sera", 16): common.TunedRuns(0.1, {}, {}, {0: finished, 1: stopped}),
+             ("uniform", 16): common.TunedRuns(0.1, {}, {}, {0: finished, 1: finished})}
+  steps, values = scaling._padded(results["sera", 16].runs, [0, 1], "pass@1")
   np.testing.assert_array_equal(steps, [10, 20])
   np.testing.assert_array_equal(values, [[0.1, 0.3], [0.2, np.nan]])
   np.testing.assert_array_equal(scaling.final(results, "sera", 16, [0, 1], 1), [0.3, np.nan])

@@ -92,16 +92,27 @@ def seeded(task: ClassificationTask, config) -> ClassificationTask:
   return task
 
 
+def refuse_other_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+  """Stops the figure (one line) when `workdir` holds a run of a config other than `config`:
+  a cached run is reused, or resumed, only under the config it was made with."""
+  try:
+    train.check_same_run(config, workdir)
+  except ValueError as error:
+    raise SystemExit(f"error: {error}") from None
+
+
 def train_or_read(config: ml_collections.ConfigDict, workdir: str,
                   task: ClassificationTask | None = None, *, label: str
                   ) -> tuple[list[dict], ClassificationTask | None]:
   """The metric rows of the run of `config` in `workdir`: read back when it finished, else
   trained (resumed) there, reusing `task`'s compiled steps (a task of the same run but the seed).
+  A workdir holding a run of another config stops the figure (`refuse_other_config`).
 
   Returns:
     (rows, the task the next seed can reuse: `task`, or the one built here).
   """
   start = time.perf_counter()
+  refuse_other_config(config, workdir)
   if sweep.is_finished(workdir, config.num_steps):
     print(f"{label}: finished earlier, read {workdir}", flush=True)
     return train.read_metrics(workdir), task
@@ -109,6 +120,83 @@ def train_or_read(config: ml_collections.ConfigDict, workdir: str,
   rows = train.run(config, workdir, task=task)
   print(f"{label}: {time.perf_counter() - start:.1f} s", flush=True)
   return rows, task
+
+
+# ----------------------------------------------------------------------------- learning rates
+
+
+def with_validation_split(config: ml_collections.ConfigDict, num_validation: int
+                          ) -> ml_collections.ConfigDict:
+  """`config` whose dataset sets `num_validation` examples aside as a validation split, which
+  every evaluation then also scores ("validation/pass@k")."""
+  with config.unlocked():
+    config.dataset_kwargs.num_validation = num_validation
+  return config
+
+
+def choose_rate(scores: Mapping[float, float]) -> float:
+  """The rate of the best validation score (ties: the smaller rate; NaN never wins)."""
+  return max(sorted(scores), key=lambda rate: -np.inf if np.isnan(scores[rate]) else scores[rate])
+
+
+class TunedRuns(NamedTuple):
+  """A learning rate chosen on validation, and the runs behind it."""
+  rate: float  # the chosen rate
+  scores: dict[float, float]  # {rate: mean validation score over the tuning seeds}
+  grid: dict[float, dict[int, Any]]  # {rate: {tuning seed: its run}}
+  runs: dict[int, Any]  # {seed: the run at the chosen rate}, the tuning seeds' included
+
+
+def tune_then_repeat(train_one, rates: Sequence[float], seeds: Sequence[int], validation_score,
+                     *, num_tuning_seeds: int = 1) -> TunedRuns:
+  """Trains the first `num_tuning_seeds` seeds at every rate, chooses the rate of the best mean
+  `validation_score(run)` over them, then trains the other seeds at it.
+
+  The tuning seeds' runs at the chosen rate are among the reported seeds: the
+  choice looked only at the validation split, so their held-out numbers are as
+  unbiased as the others'.
+
+  Args:
+    train_one: (rate, seed) -> a run (whatever the figure keeps of it).
+    rates: the grid.
+    seeds: the reported seeds; the first `num_tuning_seeds` also tune.
+    validation_score: run -> its score on the validation split (NaN: unusable, e.g. diverged;
+      a rate with one such run is never chosen).
+    num_tuning_seeds: how many seeds tune, 1 <= num_tuning_seeds <= len(seeds).
+  """
+  if not 1 <= num_tuning_seeds <= len(seeds):
+    raise ValueError(f"num_tuning_seeds must be in [1, {len(seeds)}]; got {num_tuning_seeds}.")
+  tuning = list(seeds[:num_tuning_seeds])
+  grid = {rate: {seed: train_one(rate, seed) for seed in tuning} for rate in rates}
+  scores = {rate: float(np.mean([validation_score(run) for run in per_seed.values()]))
+            for rate, per_seed in grid.items()}
+  rate = choose_rate(scores)
+  runs = grid[rate] | {seed: train_one(rate, seed) for seed in seeds[num_tuning_seeds:]}
+  return TunedRuns(rate, scores, grid, runs)
+
+
+def grid_runs(tuned: TunedRuns) -> list[tuple[tuple[float, int], Any]]:
+  """[((rate, tuning seed), run)] over the whole grid, by rate then seed."""
+  return [((rate, seed), run) for rate, per_seed in sorted(tuned.grid.items())
+          for seed, run in sorted(per_seed.items())]
+
+
+def print_choice(label: str, metric: str, tuned: TunedRuns) -> None:
+  """One line: the validation score of every rate and the chosen one."""
+  print(f"{label}: validation {metric} " + ", ".join(
+      f"{rate:g} -> {score:.4f}" for rate, score in sorted(tuned.scores.items()))
+        + f"; chosen {tuned.rate:g}", flush=True)
+
+
+def plot_rate_sensitivity(axis, tuned: TunedRuns, *, label: str, **style) -> None:
+  """One method's validation score against the rate (log x), its chosen rate starred."""
+  rates = sorted(tuned.scores)
+  line, = axis.plot(rates, [tuned.scores[r] for r in rates], marker="o", label=label, **style)
+  axis.plot([tuned.rate], [tuned.scores[tuned.rate]], marker="*", markersize=14,
+            color=line.get_color())
+  axis.set_xscale("log")
+  axis.set_xlabel("learning rate")
+  axis.grid(alpha=0.3)
 
 
 class EvalBatch(NamedTuple):

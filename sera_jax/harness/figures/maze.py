@@ -1,4 +1,4 @@
-"""Pass@k of SERA, uniform MaxRL and GRPO on held-out mazes.
+"""Pass@k of SERA, uniform MaxRL and GRPO on held-out mazes, each at its own learning rate.
 
 For each seed, every method starts from the same supervised warm start (same
 seed, same steps) and then trains with the same rollout budget B = M * N0 per
@@ -7,14 +7,22 @@ measured on the held-out mazes after the warm start and at the end of RL. The
 held-out mazes' shortest paths occur in no training maze, and `maze-blind`, a
 policy replaying training solutions, is the memorisation baseline (exact).
 
-  sera-jax figure maze            # CPU config, 3 methods x 5 seeds (~15 min)
-  sera-jax figure maze --tiny     # a smoke run (about 1.5 minutes for 2 seeds)
+Each method's RL learning rate is chosen from --learning-rates by its mean
+pass@16 on validation mazes (their shortest paths occur in no training and no
+held-out maze) over the first --tuning-seeds seeds, which train at every rate;
+the other seeds train at the chosen rate only. The held-out mazes play no part
+in the choice.
+
+  sera-jax figure maze            # CPU config, 3 methods x 3 rates x 2 tuning seeds, 10 seeds
+  sera-jax figure maze --tiny     # a smoke run (a few minutes)
 
 Writes maze_passk.png and maze_passk.csv (mean, std, 95% interval and every
-seed's value, and the paired differences to uniform) into --out, and one
-training workdir per run under --workdir
-(metrics.jsonl, TensorBoard, checkpoints; reruns resume). --tiny names its
-figure and CSV maze_passk_tiny and trains under runs/maze_passk_tiny.
+seed's value at the chosen rates, and the paired differences to uniform) and
+maze_passk_rates.png and maze_passk_rates.csv (the whole grid: validation and
+held-out pass@k of every tuning run) into --out, and one training workdir per
+run under --workdir (metrics.jsonl, TensorBoard, checkpoints; a run of the same
+config is resumed or read back, one of another config stops the figure).
+--tiny names its files maze_passk_tiny* and trains under runs/maze_passk_tiny.
 """
 
 import os
@@ -23,26 +31,34 @@ import time
 import jax
 
 from sera_jax.common import files
+from sera_jax.common.plots import plt, save_figure
 from sera_jax.harness import configs, train
 from sera_jax.harness.figures import common
 from sera_jax.settings.maze.task import PASS_AT_K, MazeTask, replay_pass_at_k
 
 NAME = "maze_passk"
+RATES_SUFFIX = "_rates"
 WARM_START = "warm start"
 MAZE_BLIND = "maze-blind"  # replays training solutions, whatever the maze
+LEARNING_RATES = (1e-4, 3e-4, 1e-3)
+VALIDATION_MAZES = 64
+CHOSEN_BY = 16  # the rate of the best validation pass@16
 
 
 def load_config(tiny: bool):
   config = configs.load("maze")
+  config.num_validation_mazes = VALIDATION_MAZES
   if tiny:
     config.update(dict(num_train_mazes=32, batch_size=8, num_eval_mazes=16, warmup_steps=20,
-                       num_steps=40, checkpoint_every=20))
+                       num_validation_mazes=16, num_steps=40, checkpoint_every=20))
   config.eval_every = config.num_steps  # one evaluation, at the end
   return config
 
 
 def warm_start_pass_at_k(config, seed: int) -> list[float]:
   """pass@k right after the supervised warm start (identical for every method)."""
+  config = config.copy_and_resolve_references()
+  config.seed = seed  # the batch order
   task = MazeTask(config)
   state = task.init_state(jax.random.PRNGKey(seed))
   for step in range(config.warmup_steps):
@@ -54,13 +70,63 @@ def warm_start_pass_at_k(config, seed: int) -> list[float]:
 REFERENCES = (WARM_START, MAZE_BLIND)  # not RL methods: no paired difference to uniform
 
 
+def tune_and_train(config, methods, seeds, learning_rates, num_tuning_seeds, workdir, start
+                   ) -> dict[str, common.TunedRuns]:
+  """{method: its runs (the last metric row of each) at the rate chosen on validation}."""
+  tuned = {}
+  for method in methods:
+    def train_one(rate, seed, method=method):
+      config.update(dict(method=method, seed=seed, learning_rate=rate))
+      run_dir = os.fspath(workdir / f"{method}-lr{rate:g}-seed{seed}")
+      common.refuse_other_config(config, run_dir)
+      last = [row for row in train.run(config, run_dir) if "pass@1" in row][-1]
+      print(f"{method} lr {rate:g} seed {seed}: validation pass@{CHOSEN_BY} "
+            f"{last[f'validation/pass@{CHOSEN_BY}']:.3f}; held-out pass@1 {last['pass@1']:.3f} "
+            f"pass@256 {last['pass@256']:.3f}  ({time.time() - start:.0f} s)", flush=True)
+      return last
+
+    tuned[method] = common.tune_then_repeat(
+        train_one, learning_rates, seeds, lambda row: row[f"validation/pass@{CHOSEN_BY}"],
+        num_tuning_seeds=num_tuning_seeds)
+    common.print_choice(method, f"pass@{CHOSEN_BY}", tuned[method])
+  return tuned
+
+
+def write_rates_csv(tuned: dict[str, common.TunedRuns], path: str) -> None:
+  """The whole grid: validation and held-out pass@k of every tuning run."""
+  files.write_csv(path, [
+      {"method": method, "learning_rate": rate, "seed": seed, "chosen": rate == runs.rate,
+       **{f"validation_pass@{k}": f"{row[f'validation/pass@{k}']:.4f}" for k in PASS_AT_K},
+       **{f"held_out_pass@{k}": f"{row[f'pass@{k}']:.4f}" for k in PASS_AT_K}}
+      for method, runs in tuned.items() for (rate, seed), row in common.grid_runs(runs)])
+
+
+def plot_rates(tuned: dict[str, common.TunedRuns], path: str, num_tuning_seeds: int) -> None:
+  fig, axis = plt.subplots(figsize=(5, 3.8))
+  for method, runs in tuned.items():
+    common.plot_rate_sensitivity(axis, runs, label=method)
+  axis.set(ylabel=f"validation pass@{CHOSEN_BY} (mean of {num_tuning_seeds} seeds)",
+           title="maze: each method's RL learning rate (star: chosen)")
+  axis.legend(fontsize=8)
+  fig.tight_layout()
+  save_figure(fig, path, dpi=120)
+
+
 def main(argv: list[str] | None = None) -> None:
   parser = common.figure_parser("maze", __doc__)
   parser.add_argument("--tiny", action="store_true", help="a small smoke run")
-  parser.add_argument("--seeds", type=int, default=5)
+  parser.add_argument("--seeds", type=int, default=10, help="seeds 0, 1, ..., SEEDS-1")
+  parser.add_argument("--tuning-seeds", type=int, default=2,
+                      help="the first TUNING_SEEDS seeds train at every rate (default 2)")
+  parser.add_argument("--learning-rates", nargs="+", type=float, default=list(LEARNING_RATES),
+                      help="the grid each method chooses its RL rate from")
   parser.add_argument("--methods", nargs="+", default=["sera", "uniform", "grpo"])
   parser.add_argument("--workdir", default=None, help="default runs/maze_passk[_tiny]")
   args = parser.parse_args(argv)
+  if not 1 <= args.tuning_seeds <= args.seeds:
+    parser.error("--tuning-seeds must be in [1, --seeds]")
+  if not all(rate > 0 for rate in args.learning_rates):
+    parser.error("every learning rate must be > 0")
   config = load_config(args.tiny)
   workdir = files.path(args.workdir or "runs/" + NAME + "_tiny" * args.tiny)
   seeds = list(range(args.seeds))
@@ -68,36 +134,37 @@ def main(argv: list[str] | None = None) -> None:
   task = MazeTask(config)
   held_out = task.held_out
   print(f"held-out: {config.num_eval_mazes} mazes from {held_out.candidates} generated; "
-        f"{held_out.seen_fraction:.1%} of those share their shortest path with a training maze",
+        f"{held_out.seen_fraction:.1%} of those share their shortest path with a training maze; "
+        f"validation: {config.num_validation_mazes} mazes whose paths neither shares",
         flush=True)
   blind = list(replay_pass_at_k(task.train_paths, task.eval_mazes))
-  results = {WARM_START: {}, MAZE_BLIND: dict.fromkeys(seeds, blind)}
-  results |= {method: {} for method in args.methods}
-  for seed in seeds:
-    config.seed = seed
-    results[WARM_START][seed] = warm_start_pass_at_k(config, seed)
-    for method in args.methods:
-      config.method = method
-      run_dir = os.fspath(workdir / f"{method}-seed{seed}")
-      try:
-        train.check_same_run(config, run_dir)
-      except ValueError as error:
-        raise SystemExit(f"error: {error}") from None
-      rows = train.run(config, run_dir)
-      last = [row for row in rows if "pass@1" in row][-1]
-      results[method][seed] = [last[f"pass@{k}"] for k in PASS_AT_K]
-      print(f"seed {seed} {method}: pass@1 {last['pass@1']:.3f}  pass@256 "
-            f"{last['pass@256']:.3f}  ({time.time() - start:.0f} s)", flush=True)
-  png, csv = common.output_paths(args.out, NAME + "_tiny" * args.tiny)
+  results = {WARM_START: {seed: warm_start_pass_at_k(config, seed) for seed in seeds},
+             MAZE_BLIND: dict.fromkeys(seeds, blind)}
+  tuned = tune_and_train(config, args.methods, seeds, sorted(set(args.learning_rates)),
+                         args.tuning_seeds, workdir, start)
+  results |= {method: {seed: [row[f"pass@{k}"] for k in PASS_AT_K]
+                       for seed, row in runs.runs.items()} for method, runs in tuned.items()}
+  stem = NAME + "_tiny" * args.tiny
+  png, csv = common.output_paths(args.out, stem)
+  rates_png, rates_csv = common.output_paths(args.out, stem + RATES_SUFFIX)
   common.write_pass_at_k_csv(results, seeds, PASS_AT_K, csv, exclude=REFERENCES)
+  write_rates_csv(tuned, rates_csv)
+  plot_rates(tuned, rates_png, args.tuning_seeds)
   unseen = "unseen in training" if config.novel_eval_paths else "not filtered"
+  rates = ", ".join(f"{method} {runs.rate:g}" for method, runs in tuned.items())
   common.plot_pass_at_k(
       results, seeds, PASS_AT_K, png, what="held-out mazes", exclude=REFERENCES,
       styles={WARM_START: dict(linestyle="--", color="gray"),
               MAZE_BLIND: dict(linestyle=":", color="black")},
       title=f"{config.maze_size}x{config.maze_size} mazes, B = {config.batch_size} x "
       f"{config.baseline_n} rollouts/step, {config.num_steps - config.warmup_steps} RL steps, "
-      f"{len(seeds)} seeds; {config.num_eval_mazes} held-out mazes with paths {unseen} "
+      f"{len(seeds)} seeds, Adam at {rates} (chosen on validation mazes); "
+      f"{config.num_eval_mazes} held-out mazes with paths {unseen} "
       f"({held_out.seen_fraction:.0%} of generated mazes share a training path)")
   print(common.pass_at_k_tables(results, seeds, PASS_AT_K, exclude=REFERENCES))
-  print(f"total {time.time() - start:.0f} s; wrote {png} and {csv}")
+  all_zero = [seed for seed in seeds
+              if all(results[method][seed][-1] == 0 for method in tuned)]
+  print(f"seeds in which every method scores 0 at pass@{PASS_AT_K[-1]}: {len(all_zero)} "
+        f"{all_zero}; their warm start's pass@{PASS_AT_K[-1]}: "
+        + ", ".join(f"{results[WARM_START][seed][-1]:.3f}" for seed in all_zero))
+  print(f"total {time.time() - start:.0f} s; wrote {png}, {csv}, {rates_png} and {rates_csv}")

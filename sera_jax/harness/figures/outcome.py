@@ -1,26 +1,34 @@
-"""Training outcome: held-out pass@k at the end of training, per method.
+"""Training outcome: held-out pass@k at the end of training, per method, each at its own
+learning rate.
 
 For each dataset config, ce (the exact cross-entropy gradient), sera, uniform,
 equalized and the baseline allocators knapsack, gvm and adaptive
 (sera_jax.method.allocators) train with the same rollout budget B = M * N0, the same
 learning-rate schedule and the same seeds (model init, rollout sampling and
-data order all follow config.seed); pass@k = mean_q 1 - (1 - p_q)^k
-(k = 1, 2, ..., 1024) is evaluated once, on the held-out split after the last
-step. Alignment is measured only at step 0 (align_every = num_steps), so the
-runs pay for the method's own update only.
+data order all follow config.seed). Each (dataset, method) trains its first
+seed at every rate of the dataset's grid, keeps the rate of the best final
+pass@1 on a validation split (digits: 300 images taken out of the training
+images; synthetic1000: 5000 fresh examples of its classes), and trains the
+other seeds at it. pass@k = mean_q 1 - (1 - p_q)^k (k = 1, 2, ..., 1024) is
+evaluated once, on the held-out split after the last step; the held-out split
+plays no part in the choice. Alignment is measured only at step 0
+(align_every = num_steps), so the runs pay for the method's own update only.
 
-  sera-jax figure outcome      # 2 datasets x 7 methods x 3 seeds
+  sera-jax figure outcome      # 2 datasets x 7 methods x 4 rates, 3 seeds
 
-Writes training_outcome.png (pass@k against k, mean and the band
-of +-1 standard deviation over seeds, one panel per dataset) and
-training_outcome.csv (mean, std and every seed's value) into --out, and one
-`sera-jax train` workdir per run under
---workdir-root/<dataset>-<steps>steps/method=M,seed=S (named as `sera-jax
-sweep` names them; a finished run is read back, not retrained).
+Writes training_outcome.png (pass@k against k at the chosen rates, mean and
+the band of +-1 standard deviation over seeds, one panel per dataset; beneath,
+the final validation pass@1 against the rate) and training_outcome.csv (mean,
+std and every seed's value) and training_outcome_rates.csv (the whole grid)
+into --out, and one `sera-jax train` workdir per run under
+--workdir-root/<dataset>-<steps>steps/method=M,lr=R,seed=S (named as `sera-jax
+sweep` names them; a finished run of the same config is read back, one of
+another config stops the figure).
 """
 
 import os
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -31,63 +39,105 @@ from sera_jax.harness.figures import common
 from sera_jax.settings.classification.task import PASS_AT_K
 
 NAME = "training_outcome"
+RATES_NAME = "training_outcome_rates"
 METHODS = ("ce", "sera", "uniform", "equalized", "knapsack", "gvm", "adaptive")
-# Dataset name -> (shipped config, default steps). synthetic1000 gets more steps than its
-# config's 400 because the RL methods are still far from their plateau at 400.
-DATASETS = {"synthetic1000": ("synthetic1000", 1500), "digits": ("default", 500)}
+
+
+class Dataset(NamedTuple):
+  config: str  # the shipped config
+  num_steps: int  # default steps
+  learning_rates: tuple[float, ...]  # the grid, around the config's own rate
+  num_validation: int  # validation examples
+
+
+# synthetic1000 gets more steps than its config's 400 because the RL methods are still far from
+# their plateau at 400.
+DATASETS = {"synthetic1000": Dataset("synthetic1000", 1500, (0.025, 0.05, 0.1, 0.2), 5000),
+            "digits": Dataset("default", 500, (0.003, 0.01, 0.03, 0.1), 300)}
 COLORS = {"ce": "black", "sera": "tab:blue", "uniform": "tab:orange", "equalized": "tab:green",
           "knapsack": "tab:red", "gvm": "tab:purple", "adaptive": "tab:brown"}
 
 
-def run_config(dataset: str, method: str, seed: int, num_steps: int):
-  """The dataset's config with the method, seed and steps of one run, evaluated once at the end."""
-  config = configs.load(DATASETS[dataset][0])
+def run_config(dataset: str, method: str, seed: int, num_steps: int, learning_rate: float):
+  """The dataset's config with the method, seed, rate and steps of one run, evaluated once at
+  the end (held-out and validation)."""
+  config = configs.load(DATASETS[dataset].config)
   config.update(dict(method=method, seed=seed, num_steps=num_steps, align_every=num_steps,
-                     eval_every=num_steps, checkpoint_every=num_steps))
-  return config
+                     eval_every=num_steps, checkpoint_every=num_steps,
+                     learning_rate=learning_rate))
+  return common.with_validation_split(config, DATASETS[dataset].num_validation)
 
 
-def train_all(datasets: dict[str, int], methods, seeds, workdir_root: str) -> dict:
-  """pass@k of every (dataset, method) run: {(dataset, method): [[pass@k per k] per seed]}."""
+def train_all(datasets: dict[str, int], methods, seeds, workdir_root: str,
+              learning_rates: dict[str, tuple[float, ...]]) -> dict:
+  """{(dataset, method): common.TunedRuns} whose runs are the last metric row of a run."""
   results = {}
   for dataset, num_steps in datasets.items():
     for method in methods:
-      task = None
-      for seed in seeds:
-        config = run_config(dataset, method, seed, num_steps)
-        overrides = (("method", method), ("seed", str(seed)))
+      tasks = {}  # rate -> a task whose compiled steps the next seed reuses
+
+      def train_one(rate, seed, dataset=dataset, num_steps=num_steps, method=method,
+                    tasks=tasks):
+        config = run_config(dataset, method, seed, num_steps, rate)
+        overrides = (("method", method), ("lr", f"{rate:g}"), ("seed", str(seed)))
         workdir = os.path.join(workdir_root, f"{dataset}-{num_steps}steps",
                                sweep.workdir_name(overrides))
-        rows, task = common.train_or_read(config, workdir, task,
-                                          label=f"{dataset} {method} seed {seed}")
-        results.setdefault((dataset, method), []).append(
-            [rows[-1][f"pass@{k}"] for k in PASS_AT_K])
+        rows, tasks[rate] = common.train_or_read(
+            config, workdir, tasks.get(rate), label=f"{dataset} {method} lr {rate:g} seed {seed}")
+        return rows[-1]
+
+      tuned = common.tune_then_repeat(train_one, learning_rates[dataset], seeds,
+                                      lambda row: row["validation/pass@1"])
+      common.print_choice(f"{dataset} {method}", "pass@1", tuned)
+      results[dataset, method] = tuned
   return results
 
 
+def _pass_at_k(tuned: common.TunedRuns, seeds) -> np.ndarray:
+  """[S, K] held-out pass@k of every seed at the chosen rate."""
+  return np.array([[tuned.runs[seed][f"pass@{k}"] for k in PASS_AT_K] for seed in seeds])
+
+
 def write_csv(results: dict, seeds, path: str) -> None:
-  rows = [row for (dataset, method), per_seed in results.items()
-          for row in common.per_seed_rows({"dataset": dataset, "method": method}, per_seed,
-                                           seeds, PASS_AT_K, digits=6)]
+  rows = [row for (dataset, method), tuned in results.items()
+          for row in common.per_seed_rows(
+              {"dataset": dataset, "method": method, "learning_rate": tuned.rate},
+              _pass_at_k(tuned, seeds), seeds, PASS_AT_K, digits=6)]
   files.write_csv(path, rows)
 
 
+def write_rates_csv(results: dict, path: str) -> None:
+  """The whole grid: the tuning seed's final validation and held-out pass@1 and pass@256."""
+  files.write_csv(path, [
+      {"dataset": dataset, "method": method, "learning_rate": rate, "seed": seed,
+       "chosen": rate == tuned.rate,
+       **{f"{split}pass@{k}": f"{row[f'{prefix}pass@{k}']:.6f}" for k in (1, 256)
+          for split, prefix in (("validation_", "validation/"), ("held_out_", ""))}}
+      for (dataset, method), tuned in results.items()
+      for (rate, seed), row in common.grid_runs(tuned)])
+
+
 def plot(results: dict, datasets: dict[str, int], seeds, path: str) -> None:
-  fig, axes = plt.subplots(1, len(datasets), figsize=(5.5 * len(datasets), 4.2), squeeze=False)
-  for axis, (dataset, num_steps) in zip(axes[0], datasets.items(), strict=True):
-    for (name, method), per_seed in results.items():
+  fig, axes = plt.subplots(2, len(datasets), figsize=(5.5 * len(datasets), 8), squeeze=False)
+  for (top, bottom), (dataset, num_steps) in zip(axes.T, datasets.items(), strict=True):
+    for (name, method), tuned in results.items():
       if name != dataset:
         continue
-      values = np.asarray(per_seed)
+      values = _pass_at_k(tuned, seeds)
       mean, std = values.mean(0), values.std(0)
-      axis.plot(PASS_AT_K, mean, "o-", color=COLORS[method], label=method, markersize=3)
-      axis.fill_between(PASS_AT_K, mean - std, mean + std, color=COLORS[method], alpha=0.2)
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("k")
-    axis.set_ylabel("held-out pass@k")
-    axis.set_title(f"{dataset}, {num_steps} steps, {len(seeds)} seeds (mean ± std)")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=8)
+      top.plot(PASS_AT_K, mean, "o-", color=COLORS[method], markersize=3,
+               label=f"{method} (lr {tuned.rate:g})")
+      top.fill_between(PASS_AT_K, mean - std, mean + std, color=COLORS[method], alpha=0.2)
+      common.plot_rate_sensitivity(bottom, tuned, label=method, color=COLORS[method])
+    top.set_xscale("log", base=2)
+    top.set_xlabel("k")
+    top.set_ylabel("held-out pass@k")
+    top.set_title(f"{dataset}, {num_steps} steps, {len(seeds)} seeds (mean ± std)")
+    top.grid(alpha=0.3)
+    top.legend(fontsize=8)
+    bottom.set_ylabel("final validation pass@1 (tuning seed)")
+    bottom.set_title(f"{dataset}: each method's rate (star: chosen)")
+    bottom.legend(fontsize=7)
   fig.tight_layout()
   save_figure(fig, path, dpi=120)
 
@@ -96,27 +146,39 @@ def main(argv: list[str] | None = None) -> None:
   parser = common.figure_parser("outcome", __doc__)
   parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
   parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-  parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+  parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2],
+                      help="the reported seeds; the first also chooses the rates")
   parser.add_argument("--num-steps", nargs="+", default=[], metavar="DATASET=STEPS",
                       help="Override a dataset's step count, e.g. digits=1000.")
+  parser.add_argument("--learning-rates", nargs="+", type=float,
+                      help="one grid for every dataset (default: each dataset's own, "
+                      + "; ".join(f"{name} {list(d.learning_rates)}" for name, d in
+                                  DATASETS.items()) + ")")
   parser.add_argument("--workdir-root", default="runs/training_outcome")
   args = parser.parse_args(argv)
-  steps = {name: DATASETS[name][1] for name in args.datasets}
+  steps = {name: DATASETS[name].num_steps for name in args.datasets}
   for spec in args.num_steps:
     name, _, value = spec.partition("=")
     if name not in steps or not value.isdigit() or int(value) < 1:
       parser.error(f"--num-steps takes DATASET=STEPS with DATASET in {list(steps)}; got {spec!r}")
     steps[name] = int(value)
+  if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
+    parser.error("--seeds must be distinct and >= 0")
+  if args.learning_rates and not all(rate > 0 for rate in args.learning_rates):
+    parser.error("every learning rate must be > 0")
+  rates = {name: tuple(sorted(set(args.learning_rates or DATASETS[name].learning_rates)))
+           for name in steps}
 
   start = time.perf_counter()
-  results = train_all(steps, args.methods, args.seeds, args.workdir_root)
+  results = train_all(steps, args.methods, args.seeds, args.workdir_root, rates)
   png, csv = common.output_paths(args.out, NAME)
+  _, rates_csv = common.output_paths(args.out, RATES_NAME)
   write_csv(results, args.seeds, csv)
+  write_rates_csv(results, rates_csv)
   plot(results, steps, args.seeds, png)
-  print(f"wrote {png} and {csv} in {time.perf_counter() - start:.0f} s")
-  for (dataset, method), per_seed in results.items():
-    values = np.asarray(per_seed)
+  print(f"wrote {png}, {csv} and {rates_csv} in {time.perf_counter() - start:.0f} s")
+  for (dataset, method), tuned in results.items():
+    values = _pass_at_k(tuned, args.seeds)
     cells = [f"pass@{k} {values[:, PASS_AT_K.index(k)].mean():.4f} ± "
              f"{values[:, PASS_AT_K.index(k)].std():.4f}" for k in (1, 256)]
-    print(f"{dataset:14s} {method:10s} " + "   ".join(cells))
-
+    print(f"{dataset:14s} {method:10s} lr {tuned.rate:<6g}" + "   ".join(cells))
