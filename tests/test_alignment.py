@@ -50,6 +50,7 @@ def test_vmapped_seeds_equal_a_loop_over_seeds(digits_problem):
   assert np.ptp(vmapped["sera"].expected) == 0
 
 
+@pytest.mark.slow
 def test_a_methods_numbers_do_not_depend_on_the_methods_beside_it(digits_problem):
   """Common random numbers: uniform MaxRL computed alone or padded beside SERA (a wider
   width, one vmap over both) draws the same rollouts, so its cosines are the same."""

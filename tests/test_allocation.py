@@ -51,6 +51,7 @@ def test_budget_bounds_and_weights(problem, mode, by_count):
   assert np.all(np.isfinite(a.continuous)) and np.isfinite(a.target_fidelity)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(problems())
 def test_equalized_continuous_is_monotone_and_rounding_within_one(problem):

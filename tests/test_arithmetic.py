@@ -73,6 +73,7 @@ def test_generation_must_outlast_every_answer():
     arithmetic.check_generation_length(4, 3)
 
 
+@pytest.mark.slow
 def test_the_sampler_draws_the_first_answer_token_from_the_policy():
   """A random decoder: the empirical law of the first completion token against softmax."""
   model = tiny.decoder(0)

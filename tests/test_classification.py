@@ -78,6 +78,7 @@ def test_monte_carlo_mean_matches_expected_logit_grad(estimator, mode):
   assert z.max() < 4.0, (z.max(), mean, expected)
 
 
+@pytest.mark.slow
 def test_success_is_exact_in_law_for_tiny_p():
   """P(K >= 1) for p = 1e-6 and n = 512 matches 1 - (1 - p)^512 within 4 standard errors."""
   n, groups, chunk = 512, 100_000, 10_000
@@ -98,6 +99,7 @@ def test_success_is_exact_in_law_for_tiny_p():
   assert abs(total / groups - expected) < 4 * stderr, (total / groups, expected)
 
 
+@pytest.mark.slow
 def test_failed_labels_follow_pi_on_the_wrong_classes():
   logits = jnp.asarray([[2.0, 1.0, 0.0, -1.0, 3.0]])
   labels = jnp.asarray([4])
@@ -202,6 +204,7 @@ def test_bad_input():
                                        estimator="ppo")
 
 
+@pytest.mark.slow
 def test_a_width_below_a_concrete_count_raises_instead_of_truncating():
   """counts [8 4 6 2 2 0 6 4] at max_rollouts = 4 would drop rollouts of three groups."""
   counts = jnp.asarray([8, 4, 6, 2, 2, 0, 6, 4], jnp.int32)

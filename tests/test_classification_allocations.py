@@ -30,6 +30,7 @@ def test_gvm_reads_the_norm_of_each_prompts_log_likelihood_gradient():
                                  n_max=16).counts)
 
 
+@pytest.mark.slow
 def test_adaptive_counts_are_decided_by_the_rollouts_the_gradient_samples():
   """The outcomes adaptive reads are the successes of the gradient's own rollouts: every
   group it stopped early is mixed, and the slots match sample_rollouts with the same key."""

@@ -156,6 +156,7 @@ def test_grpo_expected_scales_equal_the_binomial_sum_written_out(estimator):
     assert np.all((np.sqrt(7 / 8) - 1e-6 <= ratio) & (ratio < 1))
 
 
+@pytest.mark.slow
 def test_expected_scale_edge_cases():
   with jax.enable_x64(True):
     for estimator in ESTIMATORS:

@@ -102,6 +102,7 @@ def test_exact_log_p_is_the_product_of_next_token_probabilities():
   np.testing.assert_array_equal(arithmetic.batch_log_p(model, batch), got)
 
 
+@pytest.mark.slow
 def test_exact_log_p_is_jittable_and_its_gradient_is_the_finite_difference():
   model = tiny.decoder(2)
   prompts, answers = ["07+05=", "99+99=", "00+00="], ["12", "198", "0"]
@@ -149,6 +150,7 @@ def test_exact_log_p_rejects_bad_input():
     arithmetic.batch_log_p(model, {"prompts": np.array(["1+2="])})
 
 
+@pytest.mark.slow
 def test_tunix_rollouts_of_the_synced_decoder_hold_no_pad_or_bos_and_sample_p():
   """A random decoder (whose PAD and BOS would carry mass unmasked) synced into Tunix's
   rollout: no sampled PAD or BOS, and the completions of at most one token (each then EOS)

@@ -147,6 +147,7 @@ def test_the_answer_is_the_number_after_the_hashes():
       gsm8k.answer_number(bad)
 
 
+@pytest.mark.slow
 def test_problems_read_from_mocked_gsm8k_in_the_chat_template(tmp_path, mocked_gsm8k, tokenizer):
   questions, answers = gsm8k.read_gsm8k(str(tmp_path / "tfds"))
   assert answers == [str(a + b) for a, b in PENS]

@@ -124,6 +124,7 @@ def test_episode_ends_at_goal_wall_or_done():
   np.testing.assert_array_equal(maze.episode_mask(grid, jnp.asarray(bump)), np.arange(31) < 1)
 
 
+@pytest.mark.slow
 def test_random_walks_match_reference_and_vmap():
   grids = _mazes(5, 8, seed=2)  # small mazes so that random walks sometimes succeed
   actions = np.asarray(jax.random.randint(jax.random.PRNGKey(0), (8, 64, 8), 0, 5))
@@ -193,6 +194,7 @@ def test_log_prob_ignores_actions_after_the_episode(policy_setup):
   np.testing.assert_allclose(scores[0, 0], scores[0, 1], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_flat_rollouts_match_grouped_api(policy_setup):
   policy, params, mazes, log_prob = policy_setup
   maze_ids = jnp.array([2, 0, 0, 1, 2, 2])

@@ -125,6 +125,7 @@ def test_held_out_solutions_never_occur_in_training_and_the_replay_baseline_is_e
       [p.mean(), np.mean(1 - (1 - p) ** 4)], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_validation_mazes_share_no_path_with_training_or_held_out_mazes_and_are_scored():
   task = maze_rl.MazeTask(_config(num_eval_mazes=16, num_validation_mazes=16,
                                   eval_batch_size=16))
