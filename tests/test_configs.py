@@ -43,6 +43,17 @@ def test_train_flags_take_a_name_with_overrides(form):
   assert pathlib.Path(values["config"].config_filename).parent == configs.CONFIG_DIR
 
 
+@pytest.mark.parametrize("name,override", [
+    ("default", "--config.dataset_kwargs.num_validation=300"),
+    ("synthetic1000", "--config.dataset_kwargs.num_validation=300"),
+    ("maze", "--config.num_validation_mazes=64")])
+def test_a_validation_split_is_one_override(name, override):
+  config = configs.train_flags(["sera-jax train", "--config", name, override]).config
+  value = (config.num_validation_mazes if name == "maze"
+           else config.dataset_kwargs.num_validation)
+  assert value == int(override.split("=")[1])
+
+
 def test_train_flags_default_and_bad_override():
   assert configs.train_flags(["sera-jax train"]).config.dataset == "digits"
   with pytest.raises((flags.Error, AttributeError, KeyError)):

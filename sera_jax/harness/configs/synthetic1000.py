@@ -8,7 +8,8 @@ from sera_jax.harness.configs import base
 def get_config():
   config = base.locked(base.classification())
   config.dataset = "synthetic"
-  config.dataset_kwargs = ml_collections.ConfigDict({"num_classes": 1000})
+  # num_validation > 0: that many fresh examples as a validation split (validation/pass@k).
+  config.dataset_kwargs = ml_collections.ConfigDict({"num_classes": 1000, "num_validation": 0})
   config.model = "mlp"
   config.batch_size = 128
   config.baseline_n = 16
