@@ -51,8 +51,13 @@ def train(argv: list[str]) -> None:
   try:
     training.check_same_run(config, workdir)
     rows = training.run(config, workdir, resume=values.resume)
-  except (ValueError, TypeError, FileNotFoundError, training.NonFiniteError,
-          training.CheckpointError) as error:
+  except training.CheckpointError as error:
+    # Orbax's other reads of the failed restore are still pending; closed at interpreter exit,
+    # some (which ones depends on thread timing) would print their TensorStore tracebacks after
+    # this line. Nothing is left to clean up: the workdir was not written.
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    os._exit(1)
+  except (ValueError, TypeError, FileNotFoundError, training.NonFiniteError) as error:
     raise SystemExit(f"error: {error}") from None
   except files.storage_errors() as error:
     raise SystemExit(f"error: workdir {workdir}: {error}") from None

@@ -22,12 +22,15 @@ may be a bucket URL (gs://...) as well as a local path; Orbax gets it unchanged.
 """
 
 import json
+import logging
 import math
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -169,6 +172,29 @@ class CheckpointError(RuntimeError):
   """
 
 
+def _from_orbax(exc_info) -> bool:
+  return bool(exc_info) and "orbax" in "".join(traceback.format_exception(*exc_info))
+
+
+def _quiet_abandoned_reads() -> None:
+  """Drops the tracebacks of Orbax's abandoned array reads, and only those.
+
+  After one read of a restore fails, Orbax's other pending reads fail too when
+  they are garbage-collected (which ones, and when, depends on thread timing):
+  each would print its TensorStore failure as an "Exception ignored in
+  <coroutine ...>" or an asyncio "Task exception was never retrieved" traceback
+  around the one-line error.
+  """
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    if not _from_orbax((unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback)):
+      previous(unraisable)
+
+  sys.unraisablehook = hook
+  logging.getLogger("asyncio").addFilter(lambda record: not _from_orbax(record.exc_info))
+
+
 def _restore_latest(manager: ocp.CheckpointManager, state: Any, workdir: str) -> tuple[Any, int]:
   """(the state of the latest checkpoint in `manager`, its step), or (`state`, 0) if none.
 
@@ -183,6 +209,7 @@ def _restore_latest(manager: ocp.CheckpointManager, state: Any, workdir: str) ->
   # Orbax re-raises TensorStore's read failures as bare Exceptions whose text is the store's
   # whole specification; what a user needs is which checkpoint failed and what to do.
   except Exception as error:
+    _quiet_abandoned_reads()
     checkpoints = f"{workdir}/{CHECKPOINT_DIR}"
     earlier = [kept for kept in manager.all_steps() if kept < step]
     way_on = (f"move {checkpoints}/{step} out of {checkpoints} to resume from step "
