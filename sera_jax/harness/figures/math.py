@@ -178,7 +178,7 @@ def choose_learning_rates(config, problems, methods, workdir, warm_started, out_
                      **{f"pass@{k}": f"{v:.4f}"
                         for k, v in zip(PASS_AT_K, result["pass_at_k"], strict=False)}})
       scores[rate] = float(np.mean([values[0] for values in per_seed]))
-    chosen[method] = max(config.learning_rates, key=lambda rate: (scores[rate], -rate))
+    chosen[method] = common.choose_rate(scores)
     print(f"{method}: validation pass@1 " + ", ".join(
         f"{rate:g} -> {score:.4f}" for rate, score in scores.items())
           + f"; chosen {chosen[method]:g}", flush=True)
