@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from sera_jax.harness import configs, train
+from sera_jax.harness.figures import common as figures_common
 from sera_jax.settings.maze import env as maze_env
 from sera_jax.settings.maze import plots as maze_plots
 from sera_jax.settings.maze import task as maze_rl
@@ -98,6 +99,20 @@ def test_train_loop_resumes_with_identical_metrics(sera_task, tmp_path):
   assert training_only(resumed) == training_only(uninterrupted)
   assert resumed[-1] == uninterrupted[-1] and "pass@256" in resumed[-1]
   assert (tmp_path / "b" / "maze.png").exists()
+
+
+@pytest.mark.slow
+def test_a_task_reused_for_another_seed_trains_as_a_fresh_task_of_that_seed(sera_task, tmp_path):
+  other_seed = sera_task.config.copy_and_resolve_references()
+  other_seed.seed = 1
+  train.run(sera_task.config, str(tmp_path / "seed0"), task=sera_task)  # compiles the steps
+  compiled = sera_task._rl_step._cache_size(), sera_task._eval_successes._cache_size()
+  reused = train.run(other_seed, str(tmp_path / "reused"),
+                     task=figures_common.seeded(sera_task, other_seed))
+  fresh = train.run(other_seed, str(tmp_path / "fresh"))
+  assert reused == fresh
+  # The copy ran on the first task's compiled steps, with no new trace.
+  assert (sera_task._rl_step._cache_size(), sera_task._eval_successes._cache_size()) == compiled
 
 
 def test_the_seed_orders_the_batches_and_data_seed_builds_the_mazes():

@@ -21,7 +21,7 @@ import os
 import pathlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +38,7 @@ from sera_jax.settings.classification import gradients
 from sera_jax.settings.classification.task import ClassificationTask, TrainState
 
 OUT_DIR = "docs/figures"
+TaskT = TypeVar("TaskT")
 
 
 # ----------------------------------------------------------------------------- snapshots
@@ -80,12 +81,13 @@ def load_state(task: ClassificationTask, workdir: str, step: int) -> TrainState:
     return manager.restore(step, args=ocp.args.StandardRestore(state))
 
 
-def seeded(task: ClassificationTask, config) -> ClassificationTask:
+def seeded(task: TaskT, config) -> TaskT:
   """`task` for `config`, a config of the same run but another seed, reusing its compiled steps.
 
-  The jitted steps depend on everything in the config but the seed; of the seed
-  the task itself reads only the data order (config.seed in its train batches),
-  while train.run draws the init and sampling rng from config.seed.
+  The jitted steps of a classification or maze task depend on everything in the
+  config but the seed; of the seed the task itself reads only the data order
+  (config.seed in its train batches), while train.run draws the init and
+  sampling rng from config.seed.
   """
   task = copy.copy(task)
   task.config = config

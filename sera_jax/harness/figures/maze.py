@@ -13,7 +13,7 @@ held-out maze) over the first --tuning-seeds seeds, which train at every rate;
 the other seeds train at the chosen rate only. The held-out mazes play no part
 in the choice.
 
-  sera-jax figure maze            # CPU config, 3 methods x 3 rates x 2 tuning seeds, 10 seeds
+  sera-jax figure maze            # CPU config, 3 methods x 4 rates x 2 tuning seeds, 10 seeds
   sera-jax figure maze --tiny     # a smoke run (a few minutes)
 
 Writes maze_passk.png and maze_passk.csv (mean, std, 95% interval and every
@@ -40,7 +40,7 @@ NAME = "maze_passk"
 RATES_SUFFIX = "_rates"
 WARM_START = "warm start"
 MAZE_BLIND = "maze-blind"  # replays training solutions, whatever the maze
-LEARNING_RATES = (1e-4, 3e-4, 1e-3)
+LEARNING_RATES = (1e-4, 3e-4, 1e-3, 3e-3)
 VALIDATION_MAZES = 64
 CHOSEN_BY = 16  # the rate of the best validation pass@16
 
@@ -55,16 +55,24 @@ def load_config(tiny: bool):
   return config
 
 
-def warm_start_pass_at_k(config, seed: int) -> list[float]:
-  """pass@k right after the supervised warm start (identical for every method)."""
+def run_config(config, **settings):
+  """A copy of `config` with `settings` (a run's method, seed, rate)."""
   config = config.copy_and_resolve_references()
-  config.seed = seed  # the batch order
-  task = MazeTask(config)
-  state = task.init_state(jax.random.PRNGKey(seed))
-  for step in range(config.warmup_steps):
-    state, _ = task.train_step(state, step)
-  scores = task.evaluate(state)
-  return [scores[f"pass@{k}"] for k in PASS_AT_K]
+  config.update(settings)
+  return config
+
+
+def warm_start_pass_at_k(task: MazeTask, seeds) -> dict[int, list[float]]:
+  """{seed: pass@k right after the supervised warm start} (identical for every method), every
+  seed reusing `task`'s compiled steps."""
+  scores = {}
+  for seed in seeds:
+    seeded = common.seeded(task, run_config(task.config, seed=seed))  # the batch order
+    state = seeded.init_state(jax.random.PRNGKey(seed))
+    for step in range(task.config.warmup_steps):
+      state, _ = seeded.train_step(state, step)
+    scores[seed] = [seeded.evaluate(state)[f"pass@{k}"] for k in PASS_AT_K]
+  return scores
 
 
 REFERENCES = (WARM_START, MAZE_BLIND)  # not RL methods: no paired difference to uniform
@@ -75,11 +83,16 @@ def tune_and_train(config, methods, seeds, learning_rates, num_tuning_seeds, wor
   """{method: its runs (the last metric row of each) at the rate chosen on validation}."""
   tuned = {}
   for method in methods:
-    def train_one(rate, seed, method=method):
-      config.update(dict(method=method, seed=seed, learning_rate=rate))
+    tasks = {}  # rate -> a task whose compiled steps the next seed reuses
+
+    def train_one(rate, seed, method=method, tasks=tasks):
+      this_run = run_config(config, method=method, seed=seed, learning_rate=rate)
       run_dir = os.fspath(workdir / f"{method}-lr{rate:g}-seed{seed}")
-      common.refuse_other_config(config, run_dir)
-      last = [row for row in train.run(config, run_dir) if "pass@1" in row][-1]
+      common.refuse_other_config(this_run, run_dir)
+      tasks[rate] = (common.seeded(tasks[rate], this_run) if rate in tasks
+                     else MazeTask(this_run))
+      last = [row for row in train.run(this_run, run_dir, task=tasks[rate])
+              if "pass@1" in row][-1]
       print(f"{method} lr {rate:g} seed {seed}: validation pass@{CHOSEN_BY} "
             f"{last[f'validation/pass@{CHOSEN_BY}']:.3f}; held-out pass@1 {last['pass@1']:.3f} "
             f"pass@256 {last['pass@256']:.3f}  ({time.time() - start:.0f} s)", flush=True)
@@ -138,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         f"validation: {config.num_validation_mazes} mazes whose paths neither shares",
         flush=True)
   blind = list(replay_pass_at_k(task.train_paths, task.eval_mazes))
-  results = {WARM_START: {seed: warm_start_pass_at_k(config, seed) for seed in seeds},
+  results = {WARM_START: warm_start_pass_at_k(task, seeds),
              MAZE_BLIND: dict.fromkeys(seeds, blind)}
   tuned = tune_and_train(config, args.methods, seeds, sorted(set(args.learning_rates)),
                          args.tuning_seeds, workdir, start)
