@@ -71,7 +71,8 @@ def warm_start_pass_at_k(task: MazeTask, seeds) -> dict[int, list[float]]:
     state = seeded.init_state(jax.random.PRNGKey(seed))
     for step in range(task.config.warmup_steps):
       state, _ = seeded.train_step(state, step)
-    scores[seed] = [seeded.evaluate(state)[f"pass@{k}"] for k in PASS_AT_K]
+    evaluated = seeded.evaluate(state)
+    scores[seed] = [evaluated[f"pass@{k}"] for k in PASS_AT_K]
   return scores
 
 
