@@ -19,6 +19,7 @@ import copy
 import functools
 import os
 import pathlib
+import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -420,7 +421,7 @@ def plot_pass_at_k(results, seeds: Sequence[int], ks: Sequence[int], path: str, 
     axis.set_xlabel("k")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-  fig.suptitle(title, fontsize=9)
+  fig.suptitle(textwrap.fill(title, 150), fontsize=9)  # a long title would be clipped
   fig.tight_layout()
   save_figure(fig, path, dpi=120)
 
