@@ -1,4 +1,4 @@
-"""Invariants and edge cases of sera_jax.allocation (DESIGN §1.1–1.4).
+"""Invariants and edge cases of sera_jax.allocation (docs/method.md#the-waterline to docs/method.md#weights-and-the-loss).
 
 Exact agreement with the float64 NumPy reference lives in test_verification.py.
 """
@@ -143,7 +143,7 @@ def test_rho_normalization_divides_by_mean_active_coverage():
 
 
 def _bisect_100_steps(lam, active, budget, n_min, n_max):
-  """DESIGN §1.1 as written: 100 halvings of [log tau_lo, log tau_hi], tau = exp(lo)."""
+  """docs/method.md#the-waterline as written: 100 halvings of [log tau_lo, log tau_hi], tau = exp(lo)."""
   dtype = lam.dtype
   lam_min = jnp.min(jnp.where(active, lam, jnp.inf))
   tau_lo = jnp.where(n_min == 1, np.finfo(dtype).tiny, (n_min - 1) * lam_min)
@@ -163,7 +163,7 @@ def _bisect_100_steps(lam, active, budget, n_min, n_max):
 
 @pytest.mark.parametrize("x64", [False, True], ids=["float32", "x64"])
 def test_waterline_is_the_float_of_the_100_step_bisection(x64):
-  # Newton + galloping must land on exactly the float §1.1's bisection ends on,
+  # Newton + galloping must land on exactly the float docs/method.md#the-waterline's bisection ends on,
   # including n_min = 1, active subsets and the saturated budget k * n_max.
   rng = np.random.default_rng(7)
   checked = saturated = 0
@@ -185,7 +185,7 @@ def test_waterline_is_the_float_of_the_100_step_bisection(x64):
       budget = size * baseline_n
       num_active = int(rng.integers(-(-budget // n_max), size + 1))
       if num_active * n_min == budget:
-        continue  # the degenerate budget has no waterline (§1.1)
+        continue  # the degenerate budget has no waterline (docs/method.md#the-waterline)
       active = np.zeros(size, bool)
       active[rng.permutation(size)[:num_active]] = True
       args = (lam_of(log_p, jnp.asarray(n_min)), jnp.asarray(active),

@@ -1,4 +1,4 @@
-"""Classification as RL: logit-space gradients against autodiff and in expectation (DESIGN §2)."""
+"""Classification as RL: logit-space gradients against autodiff and in expectation (docs/method.md#classification-as-rl)."""
 
 import chex
 import jax

@@ -1,4 +1,4 @@
-"""Tests of sera_jax.estimators: advantages, their exact scales (DESIGN §1), the loss (§1.4)."""
+"""Tests of sera_jax.estimators: advantages, their exact scales (docs/method.md#the-estimator-and-its-scale), the loss (docs/method.md#weights-and-the-loss)."""
 
 import functools
 
@@ -21,7 +21,7 @@ MASK = np.array([[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 0, 0]], bool)
 
 
 def _by_hand(estimator: str) -> np.ndarray:
-  """The DESIGN §1 formulas written out per group, in float64."""
+  """The docs/method.md#the-estimator-and-its-scale formulas written out per group, in float64."""
   out = np.zeros(REWARDS.shape)
   for q in range(REWARDS.shape[0]):
     r = REWARDS[q, MASK[q]].astype(np.float64)
@@ -133,7 +133,7 @@ def test_expected_scale_closed_forms_x64():
 
 @pytest.mark.parametrize("estimator", ["grpo", "grpo_sample_std"])
 def test_grpo_expected_scales_equal_the_binomial_sum_written_out(estimator):
-  """DESIGN §1's c(p, n) = (1/n) sum_K Binom(K; n, p) [K a_s(K) - (n - K) a_f(K) p / (1 - p)]
+  """docs/method.md#the-estimator-and-its-scale's c(p, n) = (1/n) sum_K Binom(K; n, p) [K a_s(K) - (n - K) a_f(K) p / (1 - p)]
   summed term by term in float64 with each GRPO's advantages written out."""
   def advantage(r, n, k):
     if not 0 < k < n:  # a group with nothing to center (n = 1 among them)

@@ -1,4 +1,4 @@
-"""Flat rollout buffers equal the padded forms on the same rollouts (DESIGN §4)."""
+"""Flat rollout buffers equal the padded forms on the same rollouts (docs/method.md#llm-post-training)."""
 
 import functools
 

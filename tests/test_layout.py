@@ -1,4 +1,4 @@
-"""The package's layers (DESIGN §3): imports run only downward, never in a circle.
+"""The package's layers (docs/method.md#the-packages-layers): imports run only downward, never in a circle.
 
 harness -> settings -> common -> method, read from every module's source
 (imports inside functions count too). A setting imports no other setting;

@@ -1,4 +1,4 @@
-"""Tests of sera_jax.success: oracle, historical discounted Beta, pilot (DESIGN §1.5)."""
+"""Tests of sera_jax.success: oracle, historical discounted Beta, pilot (docs/method.md#estimating-p)."""
 
 import chex
 import jax

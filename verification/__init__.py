@@ -1,7 +1,7 @@
 """Verification of sera_jax against an independent float64 NumPy reference.
 
-* `verification.reference`: DESIGN §1 in plain vectorized NumPy (no JAX): the
-  scale functions, the allocator (§1.1–1.4) and the exact expected scale of
+* `verification.reference`: docs/method.md#the-estimator-and-its-scale in plain vectorized NumPy (no JAX): the
+  scale functions, the allocator (docs/method.md#the-waterline to docs/method.md#weights-and-the-loss) and the exact expected scale of
   every group estimator. It is the oracle of the checks and the CPU speed
   baseline of the allocator.
 * `verification.checks`: the comparisons of the JAX library with it and with

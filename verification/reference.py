@@ -1,10 +1,10 @@
-"""An independent float64 NumPy reference of DESIGN §1 (no JAX).
+"""An independent float64 NumPy reference of docs/method.md#the-estimator-and-its-scale (no JAX).
 
 Everything here is written from the specification, not from `sera_jax`, in
 plain vectorized NumPy and float64, so that it can serve both as the oracle
 the JAX library is checked against and as the CPU speed baseline of the
-allocator: the waterline bisection (§1.1) runs over whole arrays of prompts,
-and the active-set search (§1.3) calls it O(log M) times.
+allocator: the waterline bisection (docs/method.md#the-waterline) runs over whole arrays of prompts,
+and the active-set search (docs/method.md#the-active-set) calls it O(log M) times.
 
 The numerics are spelled out exactly (the same log-space forms, the same 100
 bisection steps on log tau, the same tie-breaks) so that, in float64, the
@@ -21,27 +21,27 @@ import numpy as np
 
 MODES = ("uniform", "equalized", "sera")
 ESTIMATORS = ("maxrl", "maxrl_plain", "grpo", "rloo", "reinforce")
-# Estimators whose expected scale has a closed form at eps = 0 (DESIGN §1).
+# Estimators whose expected scale has a closed form at eps = 0 (docs/method.md#the-estimator-and-its-scale).
 CLOSED_FORM_ESTIMATORS = ("maxrl", "maxrl_plain", "reinforce", "rloo")
 
-BISECTION_STEPS = 100  # DESIGN §1.1: exactly 100 steps on log(tau).
-USEFUL_SLACK = 1e-12  # DESIGN §1.3: useful(k) tests mixed >= threshold - 1e-12.
+BISECTION_STEPS = 100  # docs/method.md#the-waterline: exactly 100 steps on log(tau).
+USEFUL_SLACK = 1e-12  # docs/method.md#the-active-set: useful(k) tests mixed >= threshold - 1e-12.
 
 _LOG_HALF = -math.log(2.0)
 # The smallest *normal* float64: XLA flushes subnormals to zero, so this (not
 # the smallest subnormal) is the lower end of the bisection when n_min = 1.
 _TINY = float(np.finfo(np.float64).tiny)
-# The documented probability clamp p in [tiny, 1 - ulp] (DESIGN §1).
+# The documented probability clamp p in [tiny, 1 - ulp] (docs/method.md#the-estimator-and-its-scale).
 LOG_P_MIN = float(np.log(_TINY))
 LOG_P_MAX = float(np.log1p(-np.finfo(np.float64).epsneg))
 
 
 class Allocation(NamedTuple):
-  """The result of `allocate` (DESIGN §1.1–1.4), one entry per prompt.
+  """The result of `allocate` (docs/method.md#the-waterline to docs/method.md#weights-and-the-loss), one entry per prompt.
 
   Attributes:
     counts: int64 [M] rollouts n_q, in {0} ∪ [n_min, n_max], summing to M * N0.
-    weights: float64 [M] prompt weights w_q of §1.4.
+    weights: float64 [M] prompt weights w_q of docs/method.md#weights-and-the-loss.
     active: bool [M], True where the prompt takes part (n_q > 0).
     continuous: float64 [M] the waterline solution n_q(tau) before rounding
       (n_min at the degenerate budget, N0 in "uniform", 0 when inactive).
@@ -88,7 +88,7 @@ def log1mexp(x) -> np.ndarray:
 
 
 def failure_rate(log_p) -> np.ndarray:
-  """lam = -log(1 - p) (DESIGN §1.1)."""
+  """lam = -log(1 - p) (docs/method.md#the-waterline)."""
   return -log1mexp(log_p)
 
 
@@ -100,19 +100,19 @@ def _log_failure_power(log_p, n) -> np.ndarray:
 
 
 def fidelity(log_p, n) -> np.ndarray:
-  """kappa(p, n) = 1 - (1 - p)^(n - 1) for n >= 1, 0 for n = 0 (DESIGN §1)."""
+  """kappa(p, n) = 1 - (1 - p)^(n - 1) for n >= 1, 0 for n = 0 (docs/method.md#the-estimator-and-its-scale)."""
   n = _as_float(n)
   kappa = -np.expm1(_log_failure_power(log_p, np.maximum(n - 1, 0)))
   return np.where(n >= 1, kappa, 0.0)
 
 
 def coverage(log_p, n) -> np.ndarray:
-  """pass@n = 1 - (1 - p)^n (DESIGN §1), 0 at n = 0."""
+  """pass@n = 1 - (1 - p)^n (docs/method.md#the-estimator-and-its-scale), 0 at n = 0."""
   return -np.expm1(_log_failure_power(log_p, n))
 
 
 def mixed(log_p, n) -> np.ndarray:
-  """P(0 < K < n) = 1 - (1 - p)^n - p^n for n > 1, else 0, clipped to [0, 1] (DESIGN §1.3).
+  """P(0 < K < n) = 1 - (1 - p)^n - p^n for n > 1, else 0, clipped to [0, 1] (docs/method.md#the-active-set).
 
   The larger of (1 - p)^n and p^n goes through expm1: for p < 1/2 the value is
   -expm1(n log(1 - p)) - exp(n log p), otherwise -expm1(n log p) - exp(n log(1 - p)).
@@ -127,14 +127,14 @@ def mixed(log_p, n) -> np.ndarray:
 
 
 class Equalized(NamedTuple):
-  """Integer counts of §1.1–1.2 for a set of prompts that are all active."""
+  """Integer counts of docs/method.md#the-waterline and docs/method.md#integer-rounding for a set of prompts that are all active."""
   counts: np.ndarray
   continuous: np.ndarray
   target_fidelity: float
 
 
 def waterline(lam: np.ndarray, budget: int, n_min: int, n_max: int) -> tuple[np.ndarray, float]:
-  """The continuous waterline of DESIGN §1.1 by 100 bisection steps on log tau.
+  """The continuous waterline of docs/method.md#the-waterline by 100 bisection steps on log tau.
 
   Requires len(lam) * n_min < budget <= len(lam) * n_max (the caller handles
   the degenerate budget len(lam) * n_min).
@@ -166,7 +166,7 @@ def waterline(lam: np.ndarray, budget: int, n_min: int, n_max: int) -> tuple[np.
 
 def round_to_budget(log_p: np.ndarray, continuous: np.ndarray, target: float, budget: int,
                     n_min: int, n_max: int) -> np.ndarray:
-  """Integer rounding of DESIGN §1.2.
+  """Integer rounding of docs/method.md#integer-rounding.
 
   counts = clip(floor(continuous), n_min, n_max); the R = budget - sum(counts)
   remaining rollouts go one each to the candidates (counts < n_max) with the
@@ -190,7 +190,7 @@ def round_to_budget(log_p: np.ndarray, continuous: np.ndarray, target: float, bu
 
 
 def equalized(log_p: np.ndarray, budget: int, n_min: int, n_max: int) -> Equalized:
-  """Mode "equalized" on the given (all active) prompts: §1.1 then §1.2.
+  """Mode "equalized" on the given (all active) prompts: docs/method.md#the-waterline then docs/method.md#integer-rounding.
 
   Args:
     log_p: [k] clamped log success probabilities, in ascending prompt order.
@@ -214,7 +214,7 @@ def equalized(log_p: np.ndarray, budget: int, n_min: int, n_max: int) -> Equaliz
 
 def select_active(log_p: np.ndarray, budget: int, n_min: int, n_max: int,
                   threshold: float) -> tuple[np.ndarray, Equalized]:
-  """The active-set search of DESIGN §1.3.
+  """The active-set search of docs/method.md#the-active-set.
 
   Returns:
     (active prompt indices in ascending order, their `Equalized` allocation
@@ -260,9 +260,9 @@ def _check_int(name: str, value) -> int:
 def allocate(log_p, baseline_n: int, n_min: int, n_max: int, mode: str = "sera",
              threshold: float = 0.05, normalize_by_rollout_count: bool = True,
              normalize_by_rho: bool = False) -> Allocation:
-  """Allocates B = M * baseline_n rollouts over M prompts (DESIGN §1.1–1.4), in float64.
+  """Allocates B = M * baseline_n rollouts over M prompts (docs/method.md#the-waterline to docs/method.md#weights-and-the-loss), in float64.
 
-  target_fidelity is 1 - exp(-tau) for the waterline tau (§1.1); at the
+  target_fidelity is 1 - exp(-tau) for the waterline tau (docs/method.md#the-waterline); at the
   degenerate budget (every active prompt at n_min) it is the smallest
   kappa(p_q, n_min) over active prompts, and in "uniform" mode the smallest
   kappa(p_q, N0) over all prompts (the convention of the library).
@@ -330,7 +330,7 @@ def allocate(log_p, baseline_n: int, n_min: int, n_max: int, mode: str = "sera",
                     fidelity(log_p, counts), cover)
 
 
-# --- Expected scale of the group estimators (DESIGN §1, closed form by summing over K). ---
+# --- Expected scale of the group estimators (docs/method.md#the-estimator-and-its-scale, closed form by summing over K). ---
 
 
 def advantage_pair(estimator: str, successes: np.ndarray, n: np.ndarray,
@@ -373,7 +373,7 @@ def _log_binomial_coefficients(n: int) -> np.ndarray:
 
 
 def expected_scale(estimator: str, log_p, n, eps: float = 1e-6) -> np.ndarray:
-  """c(p, n) = (1/n) sum_K Binom(K; n, p) [K a_s(K) - (n - K) a_f(K) p / (1 - p)] (DESIGN §1).
+  """c(p, n) = (1/n) sum_K Binom(K; n, p) [K a_s(K) - (n - K) a_f(K) p / (1 - p)] (docs/method.md#the-estimator-and-its-scale).
 
   The sum is taken as written, with the binomial pmf in log space and
   Binom(K; n, p) p / (1 - p) as exp(log pmf + log p - log(1 - p)); c = 0 at n = 0.
@@ -410,7 +410,7 @@ def expected_scale(estimator: str, log_p, n, eps: float = 1e-6) -> np.ndarray:
 
 
 def closed_form_scale(estimator: str, log_p, n) -> np.ndarray:
-  """The eps -> 0 closed forms of DESIGN §1: kappa, coverage, (1 - 1/n) p, p (rloo, n >= 2)."""
+  """The eps -> 0 closed forms of docs/method.md#the-estimator-and-its-scale: kappa, coverage, (1 - 1/n) p, p (rloo, n >= 2)."""
   log_p, n = np.broadcast_arrays(clamp_log_p(log_p), _as_float(n))
   p = np.exp(log_p)
   if estimator == "maxrl":

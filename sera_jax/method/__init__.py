@@ -1,4 +1,4 @@
-"""The method (DESIGN §1): pure, jittable functions of SERA and MaxRL.
+"""The method (docs/method.md#the-estimator-and-its-scale): pure, jittable functions of SERA and MaxRL.
 
 * `scaling`: kappa (fidelity), coverage (pass@n), mixed probability, in log space;
 * `allocation`: the waterline allocation `allocate` -> `Allocation`;

@@ -1,4 +1,4 @@
-"""Scale-Equalized Rollout Allocation (DESIGN §1.1–1.4).
+"""Scale-Equalized Rollout Allocation (docs/method.md#the-waterline to docs/method.md#weights-and-the-loss).
 
 `allocate` spreads a budget of B = M * N0 rollouts over M prompts so that the
 estimator scale kappa(p_q, n_q) = 1 - (1 - p_q)^(n_q - 1) is as equal as
@@ -20,10 +20,10 @@ import numpy as np
 from sera_jax.method import scaling, validation
 
 MODES = ("uniform", "equalized", "sera")
-BISECTION_STEPS = 100  # DESIGN §1.1, reproduced exactly where the budget is k * n_max
+BISECTION_STEPS = 100  # docs/method.md#the-waterline, reproduced exactly where the budget is k * n_max
 NEWTON_STEPS = 32  # at most this many Newton / bisection steps before the exact float search
 NEWTON_ULPS = 4  # Newton has converged once a step moves log tau by at most this many floats
-USEFUL_SLACK = 1e-12  # DESIGN §1.3: useful(k) compares mixed >= threshold - 1e-12.
+USEFUL_SLACK = 1e-12  # docs/method.md#the-active-set: useful(k) compares mixed >= threshold - 1e-12.
 
 
 class Allocation(NamedTuple):
@@ -31,11 +31,11 @@ class Allocation(NamedTuple):
 
   Attributes:
     counts: int32 [M], rollouts per prompt; sums to M * baseline_n.
-    weights: [M], prompt weights w_q of the DESIGN §1.4 loss (0 if inactive).
+    weights: [M], prompt weights w_q of the docs/method.md#weights-and-the-loss loss (0 if inactive).
     active: bool [M], prompts that receive rollouts.
-    continuous: [M], the continuous waterline solution n_q(tau) (§1.1), 0 if
+    continuous: [M], the continuous waterline solution n_q(tau) (docs/method.md#the-waterline), 0 if
       inactive; baseline_n everywhere in "uniform" mode.
-    target_fidelity: scalar, the waterline 1 - exp(-tau) (§1.1). Allocations
+    target_fidelity: scalar, the waterline 1 - exp(-tau) (docs/method.md#the-waterline). Allocations
       with one count for all (uniform mode, budget == k * n_min) report the
       lowest kappa, min_q kappa(p_q, n_q).
     fidelity: [M], kappa(p_q, n_q) achieved by the integer counts.
@@ -78,7 +78,7 @@ class _Prompts(NamedTuple):
   """Per-prompt logs computed once and shared by every waterline and test."""
   log_p: jax.Array
   log_q: jax.Array  # log(1 - p)
-  lam: jax.Array  # -log(1 - p), the failure rate of §1.1
+  lam: jax.Array  # -log(1 - p), the failure rate of docs/method.md#the-waterline
   floor_fidelity: jax.Array  # kappa(p, n_min)
 
 
@@ -141,9 +141,9 @@ def _all_among_first(keys: jax.Array, members: jax.Array, count: jax.Array) -> j
 
 
 def _waterline(lam, active, budget, n_min, n_max):
-  """Solves sum_q clip(1 + tau / lam_q, n_min, n_max) = budget (§1.1).
+  """Solves sum_q clip(1 + tau / lam_q, n_min, n_max) = budget (docs/method.md#the-waterline).
 
-  DESIGN §1.1 bisects log(tau) for 100 steps between log(tau_lo) and
+  docs/method.md#the-waterline bisects log(tau) for 100 steps between log(tau_lo) and
   log(tau_hi); that many halvings leave lo and hi adjacent floats, so its
   result is the largest float m in the bracket whose clipped sum at exp(m)
   stays within the budget (the sum is monotone in m). This finds the same
@@ -153,8 +153,8 @@ def _waterline(lam, active, budget, n_min, n_max):
   log tau takes over whenever a step would leave the bracket). A galloping
   search over the integers that order the floats then walks from the last
   point to the boundary, doubling its stride, and bisects the last stride.
-  Every point is classified by exactly the test of §1.1. At budget = k n_max
-  no point is ever over the budget, and §1.1's lo creeps towards hi by
+  Every point is classified by exactly the test of docs/method.md#the-waterline. At budget = k n_max
+  no point is ever over the budget, and docs/method.md#the-waterline's lo creeps towards hi by
   halving; that scalar recurrence is replayed as written. Returns
   (continuous [M], tau); inactive prompts get 0.
   """
@@ -174,7 +174,7 @@ def _waterline(lam, active, budget, n_min, n_max):
     return jnp.clip(1 + tau / lam, n_min_f, n_max_f)
 
   def evaluate(m):
-    """(sum - budget, whether §1.1's test sets hi = m, d sum / d tau) at tau = exp(m)."""
+    """(sum - budget, whether docs/method.md#the-waterline's test sets hi = m, d sum / d tau) at tau = exp(m)."""
     continuous = continuous_at(jnp.exp(m))
     whole, fraction = _total_rollouts(continuous, active)
     remaining = (budget - whole).astype(dtype)
@@ -222,19 +222,19 @@ def _waterline(lam, active, budget, n_min, n_max):
 
 
 def _floors(active, continuous, n_min, n_max):
-  """The counts before rounding: clip(floor(n_q(tau)), n_min, n_max), 0 if inactive (§1.2)."""
+  """The counts before rounding: clip(floor(n_q(tau)), n_min, n_max), 0 if inactive (docs/method.md#integer-rounding)."""
   return jnp.where(active, jnp.clip(jnp.floor(continuous).astype(jnp.int32), n_min, n_max), 0)
 
 
 def _marginal_keys(prompts, candidate, floors, target):
-  """§1.2's marginal squared error of one more rollout, as sortable ints (inf off candidates)."""
+  """docs/method.md#integer-rounding's marginal squared error of one more rollout, as sortable ints (inf off candidates)."""
   marginal_error = ((scaling.fidelity_from_logs(prompts.log_q, floors + 1) - target) ** 2
                     - (scaling.fidelity_from_logs(prompts.log_q, floors) - target) ** 2)
   return _ordered_int(jnp.where(candidate, marginal_error, jnp.inf))
 
 
 def _round_to_budget(prompts, active, continuous, target, budget, n_min, n_max):
-  """Integer counts summing to `budget` (§1.2).
+  """Integer counts summing to `budget` (docs/method.md#integer-rounding).
 
   Floors the continuous solution, then gives one more rollout to the R
   candidates (n_q < n_max) whose squared distance to the waterline improves
@@ -247,7 +247,7 @@ def _round_to_budget(prompts, active, continuous, target, budget, n_min, n_max):
 
 
 def _continuous_solution(prompts, active, budget, n_min, n_max):
-  """The waterline among `active` prompts: (continuous [M], target_fidelity) (§1.1)."""
+  """The waterline among `active` prompts: (continuous [M], target_fidelity) (docs/method.md#the-waterline)."""
   num_active = jnp.sum(active.astype(jnp.int32))
   at_floor = budget == num_active * n_min
   continuous, tau = _waterline(prompts.lam, active, budget, n_min, n_max)
@@ -259,7 +259,7 @@ def _continuous_solution(prompts, active, budget, n_min, n_max):
 
 
 def _equalized(prompts, active, budget, n_min, n_max):
-  """The "equalized" allocation of `budget` among `active` prompts (§1.1–1.2).
+  """The "equalized" allocation of `budget` among `active` prompts (docs/method.md#the-waterline and docs/method.md#integer-rounding).
 
   Returns (counts, continuous, target_fidelity).
   """
@@ -269,7 +269,7 @@ def _equalized(prompts, active, budget, n_min, n_max):
 
 
 def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
-  """The active set of mode "sera" (§1.3): the largest useful prefix of the ranking.
+  """The active set of mode "sera" (docs/method.md#the-active-set): the largest useful prefix of the ranking.
 
   Prompts are ranked by mixed(p_q, n_max), descending (ties by index); the
   first k are active. The ranking sorts log(1 - mixed) ascending, the same
@@ -288,11 +288,11 @@ def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
   required = jnp.maximum((budget + n_max - 1) // n_max, jnp.sum(force_active.astype(jnp.int32)))
 
   def useful(k):
-    """§1.3's test on the rounded counts, which are floor(n_q(tau)) or one more.
+    """docs/method.md#the-active-set's test on the rounded counts, which are floor(n_q(tau)) or one more.
 
     mixed is increasing in n, so the test fails outright when a prompt fails
     at its floor plus one, and otherwise holds when every prompt that fails
-    at its floor is among the R that §1.2 rounds up.
+    at its floor is among the R that docs/method.md#integer-rounding rounds up.
     """
     active = _first_smallest(keys, sorted_keys, k)
     checked = active & ~force_active
@@ -393,17 +393,17 @@ def allocate(
     normalize_by_rho: bool = False,
     force_active: jax.Array | None = None,
 ) -> Allocation:
-  """Allocates B = M * baseline_n rollouts over M prompts (DESIGN §1.1–1.4).
+  """Allocates B = M * baseline_n rollouts over M prompts (docs/method.md#the-waterline to docs/method.md#weights-and-the-loss).
 
   Modes:
     * "uniform": n_q = baseline_n for every prompt (the MaxRL baseline).
     * "equalized": every prompt active; n_q = clip(1 + tau / lam_q, n_min,
-      n_max) with tau solving sum_q n_q = B (§1.1), rounded to integers by
-      the marginal squared error to the waterline (§1.2).
+      n_max) with tau solving sum_q n_q = B (docs/method.md#the-waterline), rounded to integers by
+      the marginal squared error to the waterline (docs/method.md#integer-rounding).
     * "sera": the equalized allocation over the largest prefix of prompts,
       ranked by mixed(p_q, n_max), whose groups stay mixed with probability
-      >= threshold (§1.3); the rest get 0.
-  Weights (§1.4): w_q = baseline_n / n_q on active prompts (1 when
+      >= threshold (docs/method.md#the-active-set); the rest get 0.
+  Weights (docs/method.md#weights-and-the-loss): w_q = baseline_n / n_q on active prompts (1 when
   `normalize_by_rollout_count` is False), divided by rho = mean active
   coverage(p_q, n_q) when `normalize_by_rho` (ignored in "uniform" mode,
   whose weights are the plain MaxRL ones by definition).

@@ -2,9 +2,9 @@
 
 For a prompt with success probability p (given as log p) and n rollouts:
 
-* `fidelity`  kappa(p, n) = 1 - (1 - p)^(n - 1)    (centered MaxRL, DESIGN §1)
-* `coverage`  pass@n      = 1 - (1 - p)^n          (plain MaxRL, DESIGN §1)
-* `mixed_probability`     = 1 - (1 - p)^n - p^n    (a group is mixed, §1.3)
+* `fidelity`  kappa(p, n) = 1 - (1 - p)^(n - 1)    (centered MaxRL, docs/method.md#the-estimator-and-its-scale)
+* `coverage`  pass@n      = 1 - (1 - p)^n          (plain MaxRL, docs/method.md#the-estimator-and-its-scale)
+* `mixed_probability`     = 1 - (1 - p)^n - p^n    (a group is mixed, docs/method.md#the-active-set)
 * `truncated_objective`   J_n = -sum_{k=1..n} (1 - p)^k / k, the order-n
   truncation of log p = -sum_k (1 - p)^k / k, whose gradient is
   coverage(p, n) * grad log p.
@@ -42,7 +42,7 @@ def log1mexp(x: jax.Array) -> jax.Array:
 
 
 def failure_rate(log_p: jax.Array) -> jax.Array:
-  """lambda = -log(1 - p) (DESIGN §1.1), computed from log p."""
+  """lambda = -log(1 - p) (docs/method.md#the-waterline), computed from log p."""
   return -log1mexp(log_p)
 
 
@@ -92,7 +92,7 @@ def _logs(log_p, n):
 
 
 def fidelity(log_p: jax.Array, n: jax.Array) -> jax.Array:
-  """kappa(p, n) = 1 - (1 - p)^(n - 1), and 0 at n = 0 (DESIGN §1).
+  """kappa(p, n) = 1 - (1 - p)^(n - 1), and 0 at n = 0 (docs/method.md#the-estimator-and-its-scale).
 
   E[g] = kappa(p, n) grad log p for the centered MaxRL estimator with n
   rollouts; kappa(p, 1) = 0 (one rollout carries no signal).
@@ -109,13 +109,13 @@ def fidelity(log_p: jax.Array, n: jax.Array) -> jax.Array:
 
 
 def coverage(log_p: jax.Array, n: jax.Array) -> jax.Array:
-  """pass@n = 1 - (1 - p)^n, the scale of the plain MaxRL estimator (DESIGN §1)."""
+  """pass@n = 1 - (1 - p)^n, the scale of the plain MaxRL estimator (docs/method.md#the-estimator-and-its-scale)."""
   _, log_q, n = _logs(log_p, n)
   return coverage_from_logs(log_q, n)
 
 
 def mixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
-  """P(0 < K < n) = 1 - (1 - p)^n - p^n for n > 0, else 0 (DESIGN §1.3).
+  """P(0 < K < n) = 1 - (1 - p)^n - p^n for n > 0, else 0 (docs/method.md#the-active-set).
 
   Exactly 0 for n <= 1 (a single rollout is never mixed).
 
@@ -126,7 +126,7 @@ def mixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
 
 
 def log_unmixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
-  """log P(K = 0 or K = n) = log((1 - p)^n + p^n): the log of 1 - mixed (DESIGN §1.3).
+  """log P(K = 0 or K = n) = log((1 - p)^n + p^n): the log of 1 - mixed (docs/method.md#the-active-set).
 
   Ranks prompts by how mixed their groups are without saturating where
   mixed rounds to 1 (p = 0.5, n = 512 has 1 - mixed = 2^-511).

@@ -1,4 +1,4 @@
-"""Estimates of a prompt's success probability p, in log space (DESIGN §1.5).
+"""Estimates of a prompt's success probability p, in log space (docs/method.md#estimating-p).
 
 * Oracle (classification): log p = log_softmax(logits)[label].
 * Historical (epochs over a fixed prompt set): a discounted Beta posterior per
@@ -22,7 +22,7 @@ from sera_jax.method import validation
 
 
 def oracle_log_p(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """log p_q = log softmax(logits_q)[y_q] (DESIGN §1.5, oracle).
+  """log p_q = log softmax(logits_q)[y_q] (docs/method.md#estimating-p, oracle).
 
   Taken from `jax.nn.log_softmax`, so it stays finite however peaked the
   logits are (a gap of 1e4 gives log p = -1e4, not log 0).
@@ -54,7 +54,7 @@ def _check_prior(alpha0: float, beta0: float) -> None:
 
 
 class HistoricalState(NamedTuple):
-  """Discounted Beta counts per prompt (DESIGN §1.5), indexed by dense prompt id.
+  """Discounted Beta counts per prompt (docs/method.md#estimating-p), indexed by dense prompt id.
 
   Attributes:
     successes: [P] folded, discounted success counts S.
@@ -109,7 +109,7 @@ def historical_stage(state: HistoricalState, prompt_ids: jax.Array, rewards: jax
 
 def historical_stage_flat(state: HistoricalState, prompt_ids: jax.Array, rewards: jax.Array,
                           segment_ids: jax.Array) -> HistoricalState:
-  """`historical_stage` of M groups held in a flat buffer (DESIGN §4).
+  """`historical_stage` of M groups held in a flat buffer (docs/method.md#llm-post-training).
 
   Args:
     state: the current state.
@@ -141,7 +141,7 @@ def _stage(state: HistoricalState, prompt_ids, successes, failures) -> Historica
 
 
 def historical_start_epoch(state: HistoricalState, *, discount: float = 0.75) -> HistoricalState:
-  """Folds the staged outcomes in at an epoch boundary (DESIGN §1.5).
+  """Folds the staged outcomes in at an epoch boundary (docs/method.md#estimating-p).
 
   S <- d S + staged S and F <- d F + staged F for every prompt (prompts not
   rolled out this epoch only decay), staged counts are cleared, and a prompt
@@ -160,7 +160,7 @@ def historical_start_epoch(state: HistoricalState, *, discount: float = 0.75) ->
 
 def historical_estimate(state: HistoricalState, prompt_ids: jax.Array, *, alpha0: float = 0.5,
                         beta0: float = 0.5) -> tuple[jax.Array, jax.Array]:
-  """Frozen estimate log p = log((alpha0 + S) / (alpha0 + beta0 + S + F)) (DESIGN §1.5).
+  """Frozen estimate log p = log((alpha0 + S) / (alpha0 + beta0 + S + F)) (docs/method.md#estimating-p).
 
   Depends only on the folded S, F, never on staged outcomes, so it is constant
   within an epoch. Prompts never seen have no estimate: `has_estimate` is

@@ -1,4 +1,4 @@
-"""Input pipelines of the classification-as-RL setting (DESIGN §2).
+"""Input pipelines of the classification-as-RL setting (docs/method.md#classification-as-rl).
 
 `get_dataset(name, **kwargs)`:
 * "digits": scikit-learn's embedded 8x8 digits (the default, no download);

@@ -1,4 +1,4 @@
-"""The dataset interface of the classification-as-RL setting (DESIGN §2) and in-memory datasets.
+"""The dataset interface of the classification-as-RL setting (docs/method.md#classification-as-rl) and in-memory datasets.
 
 Every dataset serves
 * `train_batch(step, batch_size, seed)`: the training batch of a step, a pure

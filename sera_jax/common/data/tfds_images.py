@@ -1,6 +1,6 @@
 """tensorflow-datasets input pipelines: ImageNet (manual download) and any tfds image dataset.
 
-Augmentation of the paper's ImageNet protocol (DESIGN §2):
+Augmentation of the paper's ImageNet protocol (docs/method.md#classification-as-rl):
 * training: RandomResizedCrop(224, scale 0.08-1, ratio 3/4-4/3) via
   `sample_distorted_bounding_box` on the JPEG shape, decode of the crop only,
   bilinear resize, random horizontal flip;
@@ -352,7 +352,7 @@ def tfds_images(name: str, **kwargs) -> TfdsImageDataset:
 
 
 def imagenet2012(data_dir: str | None = None, **kwargs) -> TfdsImageDataset:
-  """ImageNet-1k (tfds "imagenet2012", manual download) with the protocol of DESIGN §2.
+  """ImageNet-1k (tfds "imagenet2012", manual download) with the protocol of docs/method.md#classification-as-rl.
 
   The two archives ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar go in
   <data_dir>/downloads/manual/; build once with

@@ -1,4 +1,4 @@
-"""A small convolutional network for 8x8 / 32x32 images on a CPU (DESIGN §2 policy)."""
+"""A small convolutional network for 8x8 / 32x32 images on a CPU (docs/method.md#classification-as-rl policy)."""
 
 from collections.abc import Sequence
 

@@ -1,6 +1,6 @@
-"""A pure functional view of the NNX models for use inside jax.jit / jax.vjp (DESIGN §3).
+"""A pure functional view of the NNX models for use inside jax.jit / jax.vjp (docs/method.md#the-packages-layers).
 
-DESIGN §3 (last rule): the differentiated function must be pure: pure-dict
+docs/method.md#the-packages-layers (last rule): the differentiated function must be pure: pure-dict
 parameters and batch statistics in, logits and the new batch statistics out.
 `FunctionalModel.apply` merges the module from the state it is *given*, inside
 whatever trace calls it, and splits the updated BatchNorm statistics back out,
@@ -8,7 +8,7 @@ so no module object ever crosses a trace boundary (a module merged from state
 captured in an outer trace raises `TraceContextError` when BatchNorm writes).
 
 Typical use with several logit cotangents pushed through one backward pass
-(DESIGN §2):
+(docs/method.md#classification-as-rl):
 
   model = create_model("resnet18", num_classes=10, input_shape=(32, 32, 3))
   params, batch_stats = model.init(0)

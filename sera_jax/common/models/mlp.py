@@ -1,4 +1,4 @@
-"""A multi-layer perceptron for small vectors and 8x8 images (DESIGN §2 policy)."""
+"""A multi-layer perceptron for small vectors and 8x8 images (docs/method.md#classification-as-rl policy)."""
 
 import math
 from collections.abc import Sequence
@@ -12,7 +12,7 @@ class MLP(nnx.Module):
   """Flattens each example and applies Linear-ReLU layers, then a linear head.
 
   The logits parameterise the policy pi(a | x) = softmax(logits)[a] of the
-  classification-as-RL setting (DESIGN §2). No normalisation layers, so the
+  classification-as-RL setting (docs/method.md#classification-as-rl). No normalisation layers, so the
   functional wrapper returns empty batch statistics.
   """
 

@@ -11,7 +11,7 @@ PASS_AT_K_MAX = 1024
 
 
 def classification() -> ml_collections.ConfigDict:
-  """Classification as RL (DESIGN §2), sized for a 2-core CPU."""
+  """Classification as RL (docs/method.md#classification-as-rl), sized for a 2-core CPU."""
   config = ml_collections.ConfigDict()
   config.task = "classification"
   config.seed = 0
@@ -20,7 +20,7 @@ def classification() -> ml_collections.ConfigDict:
   config.dataset_kwargs = ml_collections.ConfigDict()
   config.model = "mlp"  # mlp | small_cnn | resnet18 | resnet50
   config.model_kwargs = ml_collections.ConfigDict()
-  # Method and SERA (DESIGN §1).
+  # Method and SERA (docs/method.md#the-estimator-and-its-scale).
   config.method = "sera"  # sera | uniform | equalized | ce
   config.estimator = "maxrl"
   config.batch_size = 64  # M prompts per step

@@ -28,7 +28,7 @@ def get_config():
   config.dim = 64
   config.num_layers = 2
   config.num_heads = 4
-  # Rollout budget and SERA (DESIGN §1); M = batch_size prompts, B = M * N0.
+  # Rollout budget and SERA (docs/method.md#the-estimator-and-its-scale); M = batch_size prompts, B = M * N0.
   config.batch_size = 32
   config.baseline_n = 8
   config.n_min = 2
@@ -36,7 +36,7 @@ def get_config():
   config.threshold = 0.05
   config.normalize_by_rollout_count = True
   config.normalize_by_rho = False
-  # Historical success estimator (DESIGN §1.5).
+  # Historical success estimator (docs/method.md#estimating-p).
   config.discount = 0.75
   config.alpha0 = 0.5
   config.beta0 = 0.5

@@ -11,7 +11,7 @@ of the mean expected cosine and of the mean realized cosine, the latter with a
 
 Variants: no multiplicity correction (w = 1); no active set ("equalized");
 threshold 0 / 0.01 / 0.2; n_max = N0 (every n_q = N0: uniform counts) / 2 N0 /
-8 N0; rho normalization; p from the historical estimate (DESIGN §1.5, replayed
+8 N0; rho normalization; p from the historical estimate (docs/method.md#estimating-p, replayed
 from the run's per-epoch checkpoints) or from a pilot of 2 or 4 rollouts per
 prompt (the pilot's rollouts only estimate p and count against the budget);
 the maxrl_plain estimator.

@@ -3,7 +3,7 @@
 * Snapshots: a `sera_jax.harness.train.run` of a classification config
   checkpointed at every epoch boundary (`train_for_snapshots`), restored by
   step (`load_state`); early / midway / late are epoch boundaries
-  (`snapshot_steps`), so the historical estimate (DESIGN §1.5) can be rebuilt
+  (`snapshot_steps`), so the historical estimate (docs/method.md#estimating-p) can be rebuilt
   from the checkpoints of the epochs before each one (`historical_log_p`).
 * The command line every figure shares (`figure_parser`: `--out DIR`, where
   the figure writes NAME.png and NAME.csv) and the options of the snapshot
@@ -290,7 +290,7 @@ def prepare_run(args: argparse.Namespace) -> tuple[ClassificationTask, str, dict
 
 def historical_log_p(task: ClassificationTask, workdir: str, steps: Sequence[int], *,
                      discount: float = 0.75, seed: int = 0) -> dict[int, jax.Array]:
-  """The frozen historical estimates (DESIGN §1.5) of every training prompt at epoch boundaries.
+  """The frozen historical estimates (docs/method.md#estimating-p) of every training prompt at epoch boundaries.
 
   Replays the epochs before max(steps) over the whole training set once:
   epoch e rolls out every training prompt with the policy of the checkpoint

@@ -1,4 +1,4 @@
-"""Classification as RL (DESIGN §2): a sampled label is a rollout.
+"""Classification as RL (docs/method.md#classification-as-rl): a sampled label is a rollout.
 
 * `gradients`: exact-in-law rollout sampling, the exact / realized / expected
   logit cotangents and their cosines;

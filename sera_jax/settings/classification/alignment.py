@@ -4,10 +4,10 @@
   allocation function (key, logits, labels, extras) -> `Allocation` plus the
   static normalisation and width of its rollouts; `oracle_method`,
   `estimate_method` and `pilot_method` build the allocations the figures
-  compare (DESIGN §1.5: oracle, historical, pilot estimates of p).
+  compare (docs/method.md#estimating-p: oracle, historical, pilot estimates of p).
 * `make_evaluator`: for a fixed batch and any set of methods, ONE jitted call
   draws every seed's rollouts (`jax.vmap` over keys), stacks the exact,
-  realized and expected logit cotangents (DESIGN §2), pushes them through one
+  realized and expected logit cotangents (docs/method.md#classification-as-rl), pushes them through one
   `jax.vjp` and returns each estimate's cosine with the exact gradient from
   their Gram matrix (`gradients.gram_matrix` / `gradients.cosines`).
 """
@@ -30,12 +30,12 @@ AllocateFn = Callable[[jax.Array, jax.Array, jax.Array, Mapping[str, jax.Array]]
 
 
 class Method(NamedTuple):
-  """A gradient estimator of the DESIGN §1.4 loss: an allocation and how it is scored.
+  """A gradient estimator of the docs/method.md#weights-and-the-loss loss: an allocation and how it is scored.
 
   Attributes:
     allocate: (key, logits, labels, extras) -> `Allocation` of the (second-stage)
       rollouts; `extras` are the per-batch arrays passed to the evaluator.
-    baseline_n: the N0 normalising the loss (§1.4) of those rollouts.
+    baseline_n: the N0 normalising the loss (docs/method.md#weights-and-the-loss) of those rollouts.
     max_rollouts: static padded width of the rollouts (>= every count).
     estimator: an `estimators.ESTIMATORS` name.
     random_allocation: True when the allocation depends on the key (a pilot);
@@ -67,7 +67,7 @@ def _method(log_p_fn, *, baseline_n, n_min, n_max, mode, estimator, **options) -
 
 def oracle_method(*, baseline_n: int, n_min: int, n_max: int, mode: str = "sera",
                   estimator: str = "maxrl", **options) -> Method:
-  """Allocation on the exact p (§1.5 oracle), in any of `allocations.MODES`.
+  """Allocation on the exact p (docs/method.md#estimating-p oracle), in any of `allocations.MODES`.
 
   `options`: threshold, normalize_by_* (SERA's modes) or round_size (adaptive).
   """
@@ -85,7 +85,7 @@ def estimate_method(extra: str, *, baseline_n: int, n_min: int, n_max: int,
 
 def pilot_method(num_pilot: int, *, baseline_n: int, n_min: int, n_max: int,
                  mode: str = "sera", estimator: str = "maxrl", **options) -> Method:
-  """Two-stage SERA (§1.5 pilot): num_pilot rollouts per prompt estimate p, the rest is allocated.
+  """Two-stage SERA (docs/method.md#estimating-p pilot): num_pilot rollouts per prompt estimate p, the rest is allocated.
 
   The pilot spends M * num_pilot of the budget M * baseline_n only on the
   estimate; the gradient uses the independent second stage, allocated with
@@ -190,7 +190,7 @@ def make_evaluator(task: ClassificationTask, methods: Mapping[str, Method]):
 
   All seeds and all methods share one forward pass and one `jax.vjp`: the
   exact cotangent, then per method S realized and S (or 1) expected
-  cotangents, are stacked and pushed through `jax.vmap(vjp_fn)` (DESIGN §2).
+  cotangents, are stacked and pushed through `jax.vmap(vjp_fn)` (docs/method.md#classification-as-rl).
   """
   names = list(methods)
 

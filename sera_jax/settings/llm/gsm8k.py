@@ -87,7 +87,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.data_dir = ""  # required
   config.seed = 0  # the order of the problems, epoch by epoch
   config.enable_thinking = False  # passed to the chat template (Qwen3's thinking mode)
-  # SERA (DESIGN §1): M prompts a step, budget B = M * N0 rollouts.
+  # SERA (docs/method.md#the-estimator-and-its-scale): M prompts a step, budget B = M * N0 rollouts.
   config.batch_size = 256
   config.num_generations = 16  # N0
   config.n_min = 2

@@ -1,4 +1,4 @@
-"""SERA and uniform MaxRL inside Tunix's GRPO learner (DESIGN §4).
+"""SERA and uniform MaxRL inside Tunix's GRPO learner (docs/method.md#llm-post-training).
 
 Importing this module registers with Tunix's function registry:
 
@@ -10,7 +10,7 @@ Importing this module registers with Tunix's function registry:
   included), which on-policy (one iteration, beta = 0) and with the budget in
   equal micro-batches is -(1 / B) sum_i A_i log pi(y_i).
 
-`SeraLearner` is Tunix's GRPO learner with the allocation of DESIGN §1: for
+`SeraLearner` is Tunix's GRPO learner with the allocation of docs/method.md#the-estimator-and-its-scale: for
 each batch of M prompts it reads log p from the historical estimator keyed by
 each example's dataset index (frozen within an epoch; uniform counts until
 every prompt of the batch has an estimate), allocates counts with sum
@@ -95,7 +95,7 @@ def budget_norm_loss(model, train_example, algo_config, pad_id, eos_id, **kwargs
 
 @dataclasses.dataclass(kw_only=True)
 class SeraConfig(grpo_learner.GRPOConfig):
-  """`GRPOConfig` with SERA's allocation (DESIGN §1); num_generations is N0.
+  """`GRPOConfig` with SERA's allocation (docs/method.md#the-estimator-and-its-scale); num_generations is N0.
 
   Attributes:
     allocation: "sera", "equalized" or "uniform" (`sera_jax.allocate`'s modes).
@@ -105,7 +105,7 @@ class SeraConfig(grpo_learner.GRPOConfig):
     dataset_size: P, the training prompts; examples carry their index in [0, P)
       under `index_key`, and an epoch is P / M batches.
     index_key: the batch key of the dataset index.
-    discount, alpha0, beta0: the historical estimator (DESIGN §1.5).
+    discount, alpha0, beta0: the historical estimator (docs/method.md#estimating-p).
     rollout_seed: when set, each generation call samples with its own key,
       folded from rollout_seed, the batch count and the chunk; Tunix's sampler
       otherwise draws every call with PRNGKey(0), so a prompt that returns to
@@ -114,7 +114,7 @@ class SeraConfig(grpo_learner.GRPOConfig):
       divides B; all B when None): bounds the sampler's KV cache. Needs
       rollout_seed, as chunks drawn with one key would repeat each other.
     log_p_source: where a training batch's log p comes from: "historical" (the
-      discounted Beta estimator, DESIGN §1.5) or an oracle, a function
+      discounted Beta estimator, docs/method.md#estimating-p) or an oracle, a function
       (model, batch) -> log p [M] of the actor and the batch's columns (e.g.
       `arithmetic.batch_log_p`, the exact teacher-forced log p), like the
       classification setting's oracle mode.
@@ -509,7 +509,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
       the very loss Tunix trains on, averaged over the train micro-batches as
       its optimizer accumulates them;
     * cos/expected: its expectation g_E = (1/M) sum_q (w_q n_q / N0) c(p_q, n_q)
-      grad log p_q at the step's counts and weights (DESIGN §1.4; c from
+      grad log p_q at the step's counts and weights (docs/method.md#weights-and-the-loss; c from
       `expected_scale` of the configured estimator, p exact);
     * cos/uniform_expected: uniform MaxRL's at the same budget, c = kappa(p_q, N0);
     * norm_ratio/*: |g| / |g*| of each (a cosine is 0 where a gradient is 0);
@@ -535,7 +535,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     """[3, P] the exact gradient g*, the expected gradient g_E at `alloc`'s counts and
     weights, and uniform MaxRL's g_E at N0, flattened over the actor's parameters.
 
-    Per prompt, each is a coefficient times grad log p_q (DESIGN §1.4):
+    Per prompt, each is a coefficient times grad log p_q (docs/method.md#weights-and-the-loss):
     1 / M; (w_q n_q / N0) c(p_q, n_q) / M with c = `expected_scale` of the
     configured estimator; kappa(p_q, N0) / M. So the three are pullbacks of one
     forward pass of the task's exact log p.

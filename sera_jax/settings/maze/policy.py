@@ -17,7 +17,7 @@ per maze and shared by all its rollouts; sampling decodes one action per step
 with a key/value cache. Rollouts are flat: rollout r belongs to maze
 `maze_ids[r]`, so groups of unequal size share one static shape.
 
-The API is pure (DESIGN §3): parameters are a pure dict, and every function
+The API is pure (docs/method.md#the-packages-layers): parameters are a pure dict, and every function
 merges graphdef and parameters inside itself.
 """
 

@@ -5,18 +5,18 @@ mazes. The first `config.warmup_steps` steps minimise the negative
 log-likelihood of the BFS shortest paths; every later step spends the same
 rollout budget B = M * N0:
 
-* "uniform": N0 rollouts a maze, centered MaxRL advantages (DESIGN §1);
+* "uniform": N0 rollouts a maze, centered MaxRL advantages (docs/method.md#the-estimator-and-its-scale);
 * "grpo":    N0 rollouts a maze, GRPO advantages;
-* "sera":    counts from `allocate(mode="sera")` (DESIGN §1.1–1.3) on success
-  probabilities from the historical estimator (§1.5, frozen within an epoch);
+* "sera":    counts from `allocate(mode="sera")` (docs/method.md#the-waterline to docs/method.md#the-active-set) on success
+  probabilities from the historical estimator (docs/method.md#estimating-p, frozen within an epoch);
   until every maze of the batch has an estimate (the first RL epoch) the
   uniform allocation.
 
-All use the loss of DESIGN §1.4 with the allocation's prompt weights.
+All use the loss of docs/method.md#weights-and-the-loss with the allocation's prompt weights.
 Rollouts live in a flat buffer of exactly B sequences with segment ids (the
 maze of each rollout, `sera_jax.method.flat`), so counts vary and shapes never
 do; advantages, the loss and the historical estimator's outcomes come from
-segment sums over that buffer (DESIGN §4).
+segment sums over that buffer (docs/method.md#llm-post-training).
 
 Batches, epochs and RNG depend only on the step number, so the state
 (params, optimizer state, RNG, historical counts) is all a resume needs.
