@@ -1,4 +1,6 @@
-"""Invariants and edge cases of sera_jax.allocation (docs/method.md#the-waterline to docs/method.md#weights-and-the-loss).
+"""Invariants and edge cases of sera_jax.allocation.
+
+See docs/method.md#the-waterline to docs/method.md#weights-and-the-loss.
 
 Exact agreement with the float64 NumPy reference lives in test_verification.py.
 """
@@ -143,7 +145,10 @@ def test_rho_normalization_divides_by_mean_active_coverage():
 
 
 def _bisect_100_steps(lam, active, budget, n_min, n_max):
-  """docs/method.md#the-waterline as written: 100 halvings of [log tau_lo, log tau_hi], tau = exp(lo)."""
+  """The bisection of docs/method.md#the-waterline as written.
+
+  100 halvings of [log tau_lo, log tau_hi], tau = exp(lo).
+  """
   dtype = lam.dtype
   lam_min = jnp.min(jnp.where(active, lam, jnp.inf))
   tau_lo = jnp.where(n_min == 1, np.finfo(dtype).tiny, (n_min - 1) * lam_min)
@@ -163,8 +168,9 @@ def _bisect_100_steps(lam, active, budget, n_min, n_max):
 
 @pytest.mark.parametrize("x64", [False, True], ids=["float32", "x64"])
 def test_waterline_is_the_float_of_the_100_step_bisection(x64):
-  # Newton + galloping must land on exactly the float docs/method.md#the-waterline's bisection ends on,
-  # including n_min = 1, active subsets and the saturated budget k * n_max.
+  # Newton + galloping must land on exactly the float that the bisection of
+  # docs/method.md#the-waterline ends on, including n_min = 1, active subsets and the saturated
+  # budget k * n_max.
   rng = np.random.default_rng(7)
   checked = saturated = 0
   with jax.enable_x64(x64):

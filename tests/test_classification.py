@@ -1,4 +1,7 @@
-"""Classification as RL: logit-space gradients against autodiff and in expectation (docs/method.md#classification-as-rl)."""
+"""Classification as RL: logit-space gradients against autodiff and in expectation.
+
+See docs/method.md#classification-as-rl.
+"""
 
 import chex
 import jax

@@ -1,4 +1,7 @@
-"""Tests of sera_jax.estimators: advantages, their exact scales (docs/method.md#the-estimator-and-its-scale), the loss (docs/method.md#weights-and-the-loss)."""
+"""Tests of sera_jax.estimators: advantages, their exact scales, the loss.
+
+See docs/method.md#the-estimator-and-its-scale and docs/method.md#weights-and-the-loss.
+"""
 
 import functools
 
@@ -133,8 +136,11 @@ def test_expected_scale_closed_forms_x64():
 
 @pytest.mark.parametrize("estimator", ["grpo", "grpo_sample_std"])
 def test_grpo_expected_scales_equal_the_binomial_sum_written_out(estimator):
-  """docs/method.md#the-estimator-and-its-scale's c(p, n) = (1/n) sum_K Binom(K; n, p) [K a_s(K) - (n - K) a_f(K) p / (1 - p)]
-  summed term by term in float64 with each GRPO's advantages written out."""
+  """c(p, n) = (1/n) sum_K Binom(K; n, p) [K a_s(K) - (n - K) a_f(K) p / (1 - p)] summed term by
+  term in float64 with each GRPO's advantages written out.
+
+  The closed form is that of docs/method.md#the-estimator-and-its-scale.
+  """
   def advantage(r, n, k):
     if not 0 < k < n:  # a group with nothing to center (n = 1 among them)
       return 0.0

@@ -1,4 +1,7 @@
-"""Flat rollout buffers equal the padded forms on the same rollouts (docs/method.md#llm-post-training)."""
+"""Flat rollout buffers equal the padded forms on the same rollouts.
+
+See docs/method.md#llm-post-training.
+"""
 
 import functools
 

@@ -1,4 +1,6 @@
-"""The package's layers (docs/method.md#the-packages-layers): imports run only downward, never in a circle.
+"""The package's layers: imports run only downward, never in a circle.
+
+See docs/method.md#the-packages-layers.
 
 harness -> settings -> common -> method, read from every module's source
 (imports inside functions count too). A setting imports no other setting;

@@ -3,8 +3,9 @@
 For a fixed policy and batch, the mean over R independent rollout draws of the realized
 gradient (minus the gradient of the loss Tunix trains on: the budget-normalised policy loss
 over the train micro-batches, SERA's weights folded into the flat advantages) must equal the
-closed form g_E = (1/M) sum_q (w_q n_q / N0) c(p_q, n_q) grad log p_q (docs/method.md#weights-and-the-loss), with p_q
-the task's exact, teacher-forced success probability.
+closed form g_E = (1/M) sum_q (w_q n_q / N0) c(p_q, n_q) grad log p_q
+(docs/method.md#weights-and-the-loss), with p_q the task's exact, teacher-forced success
+probability.
 
 The statistic: the realized gradient is projected on D fixed unit directions (D - 1 random
 ones and g_E's own); each projection's mean over the R draws gives

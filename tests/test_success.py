@@ -1,4 +1,7 @@
-"""Tests of sera_jax.success: oracle, historical discounted Beta, pilot (docs/method.md#estimating-p)."""
+"""Tests of sera_jax.success: oracle, historical discounted Beta, pilot.
+
+See docs/method.md#estimating-p.
+"""
 
 import chex
 import jax

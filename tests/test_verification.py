@@ -97,7 +97,8 @@ def test_command_passes_and_fails(monkeypatch, capsys):
   assert "FAIL" in output and "seed=0: wrong" in output
 
 
-# --- The reference on hand-worked cases (docs/method.md#the-waterline to docs/method.md#weights-and-the-loss). ---
+# --- The reference on hand-worked cases ---
+# (docs/method.md#the-waterline to docs/method.md#weights-and-the-loss).
 
 
 def test_reference_equal_p_gives_equal_counts():

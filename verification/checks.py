@@ -247,7 +247,10 @@ def scaling_x64(tolerance: float = 1e-13) -> CheckResult:
 
 
 def expected_scale_closed_forms(tolerance: float = 1e-12) -> CheckResult:
-  """Reference sum over K == kappa, coverage, (1 - 1/n) p, p at eps = 0 (docs/method.md#the-estimator-and-its-scale)."""
+  """Reference sum over K == kappa, coverage, (1 - 1/n) p, p at eps = 0.
+
+  See docs/method.md#the-estimator-and-its-scale.
+  """
   log_p, n = _grid(SCALE_LOG_P, SCALE_N)
   pairs = [(name, reference.expected_scale(name, log_p, n, eps=0.0),
             reference.closed_form_scale(name, log_p, n))

@@ -21,7 +21,8 @@ import numpy as np
 
 MODES = ("uniform", "equalized", "sera")
 ESTIMATORS = ("maxrl", "maxrl_plain", "grpo", "rloo", "reinforce")
-# Estimators whose expected scale has a closed form at eps = 0 (docs/method.md#the-estimator-and-its-scale).
+# Estimators whose expected scale has a closed form at eps = 0
+# (docs/method.md#the-estimator-and-its-scale).
 CLOSED_FORM_ESTIMATORS = ("maxrl", "maxrl_plain", "reinforce", "rloo")
 
 BISECTION_STEPS = 100  # docs/method.md#the-waterline: exactly 100 steps on log(tau).
@@ -31,13 +32,16 @@ _LOG_HALF = -math.log(2.0)
 # The smallest *normal* float64: XLA flushes subnormals to zero, so this (not
 # the smallest subnormal) is the lower end of the bisection when n_min = 1.
 _TINY = float(np.finfo(np.float64).tiny)
-# The documented probability clamp p in [tiny, 1 - ulp] (docs/method.md#the-estimator-and-its-scale).
+# The documented probability clamp p in [tiny, 1 - ulp]
+# (docs/method.md#the-estimator-and-its-scale).
 LOG_P_MIN = float(np.log(_TINY))
 LOG_P_MAX = float(np.log1p(-np.finfo(np.float64).epsneg))
 
 
 class Allocation(NamedTuple):
-  """The result of `allocate` (docs/method.md#the-waterline to docs/method.md#weights-and-the-loss), one entry per prompt.
+  """The result of `allocate`, one entry per prompt.
+
+  See docs/method.md#the-waterline to docs/method.md#weights-and-the-loss.
 
   Attributes:
     counts: int64 [M] rollouts n_q, in {0} ∪ [n_min, n_max], summing to M * N0.
@@ -100,7 +104,10 @@ def _log_failure_power(log_p, n) -> np.ndarray:
 
 
 def fidelity(log_p, n) -> np.ndarray:
-  """kappa(p, n) = 1 - (1 - p)^(n - 1) for n >= 1, 0 for n = 0 (docs/method.md#the-estimator-and-its-scale)."""
+  """kappa(p, n) = 1 - (1 - p)^(n - 1) for n >= 1, 0 for n = 0.
+
+  See docs/method.md#the-estimator-and-its-scale.
+  """
   n = _as_float(n)
   kappa = -np.expm1(_log_failure_power(log_p, np.maximum(n - 1, 0)))
   return np.where(n >= 1, kappa, 0.0)
@@ -112,7 +119,9 @@ def coverage(log_p, n) -> np.ndarray:
 
 
 def mixed(log_p, n) -> np.ndarray:
-  """P(0 < K < n) = 1 - (1 - p)^n - p^n for n > 1, else 0, clipped to [0, 1] (docs/method.md#the-active-set).
+  """P(0 < K < n) = 1 - (1 - p)^n - p^n for n > 1, else 0, clipped to [0, 1].
+
+  See docs/method.md#the-active-set.
 
   The larger of (1 - p)^n and p^n goes through expm1: for p < 1/2 the value is
   -expm1(n log(1 - p)) - exp(n log p), otherwise -expm1(n log p) - exp(n log(1 - p)).
@@ -127,7 +136,10 @@ def mixed(log_p, n) -> np.ndarray:
 
 
 class Equalized(NamedTuple):
-  """Integer counts of docs/method.md#the-waterline and docs/method.md#integer-rounding for a set of prompts that are all active."""
+  """Integer counts for a set of prompts that are all active.
+
+  See docs/method.md#the-waterline and docs/method.md#integer-rounding.
+  """
   counts: np.ndarray
   continuous: np.ndarray
   target_fidelity: float
@@ -190,7 +202,9 @@ def round_to_budget(log_p: np.ndarray, continuous: np.ndarray, target: float, bu
 
 
 def equalized(log_p: np.ndarray, budget: int, n_min: int, n_max: int) -> Equalized:
-  """Mode "equalized" on the given (all active) prompts: docs/method.md#the-waterline then docs/method.md#integer-rounding.
+  """Mode "equalized" on the given (all active) prompts.
+
+  See docs/method.md#the-waterline, then docs/method.md#integer-rounding.
 
   Args:
     log_p: [k] clamped log success probabilities, in ascending prompt order.
@@ -260,12 +274,14 @@ def _check_int(name: str, value) -> int:
 def allocate(log_p, baseline_n: int, n_min: int, n_max: int, mode: str = "sera",
              threshold: float = 0.05, normalize_by_rollout_count: bool = True,
              normalize_by_rho: bool = False) -> Allocation:
-  """Allocates B = M * baseline_n rollouts over M prompts (docs/method.md#the-waterline to docs/method.md#weights-and-the-loss), in float64.
+  """Allocates B = M * baseline_n rollouts over M prompts, in float64.
 
-  target_fidelity is 1 - exp(-tau) for the waterline tau (docs/method.md#the-waterline); at the
-  degenerate budget (every active prompt at n_min) it is the smallest
-  kappa(p_q, n_min) over active prompts, and in "uniform" mode the smallest
-  kappa(p_q, N0) over all prompts (the convention of the library).
+  See docs/method.md#the-waterline to docs/method.md#weights-and-the-loss.
+
+  target_fidelity is 1 - exp(-tau) for the waterline tau (docs/method.md#the-waterline); at
+  the degenerate budget (every active prompt at n_min) it is the smallest kappa(p_q, n_min)
+  over active prompts, and in "uniform" mode the smallest kappa(p_q, N0) over all prompts
+  (the convention of the library).
 
   Args:
     log_p: [M] log success probabilities, finite and <= 0; clamped to p in [tiny, 1 - ulp].
@@ -330,7 +346,8 @@ def allocate(log_p, baseline_n: int, n_min: int, n_max: int, mode: str = "sera",
                     fidelity(log_p, counts), cover)
 
 
-# --- Expected scale of the group estimators (docs/method.md#the-estimator-and-its-scale, closed form by summing over K). ---
+# --- Expected scale of the group estimators, closed form by summing over K ---
+# (docs/method.md#the-estimator-and-its-scale).
 
 
 def advantage_pair(estimator: str, successes: np.ndarray, n: np.ndarray,
@@ -373,7 +390,9 @@ def _log_binomial_coefficients(n: int) -> np.ndarray:
 
 
 def expected_scale(estimator: str, log_p, n, eps: float = 1e-6) -> np.ndarray:
-  """c(p, n) = (1/n) sum_K Binom(K; n, p) [K a_s(K) - (n - K) a_f(K) p / (1 - p)] (docs/method.md#the-estimator-and-its-scale).
+  """c(p, n) = (1/n) sum_K Binom(K; n, p) [K a_s(K) - (n - K) a_f(K) p / (1 - p)].
+
+  See docs/method.md#the-estimator-and-its-scale.
 
   The sum is taken as written, with the binomial pmf in log space and
   Binom(K; n, p) p / (1 - p) as exp(log pmf + log p - log(1 - p)); c = 0 at n = 0.
@@ -410,7 +429,10 @@ def expected_scale(estimator: str, log_p, n, eps: float = 1e-6) -> np.ndarray:
 
 
 def closed_form_scale(estimator: str, log_p, n) -> np.ndarray:
-  """The eps -> 0 closed forms of docs/method.md#the-estimator-and-its-scale: kappa, coverage, (1 - 1/n) p, p (rloo, n >= 2)."""
+  """The eps -> 0 closed forms: kappa, coverage, (1 - 1/n) p, p (rloo, n >= 2).
+
+  See docs/method.md#the-estimator-and-its-scale.
+  """
   log_p, n = np.broadcast_arrays(clamp_log_p(log_p), _as_float(n))
   p = np.exp(log_p)
   if estimator == "maxrl":

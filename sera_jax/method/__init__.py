@@ -1,4 +1,6 @@
-"""The method (docs/method.md#the-estimator-and-its-scale): pure, jittable functions of SERA and MaxRL.
+"""The method: pure, jittable functions of SERA and MaxRL.
+
+See docs/method.md#the-estimator-and-its-scale.
 
 * `scaling`: kappa (fidelity), coverage (pass@n), mixed probability, in log space;
 * `allocation`: the waterline allocation `allocate` -> `Allocation`;

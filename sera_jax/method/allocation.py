@@ -1,4 +1,6 @@
-"""Scale-Equalized Rollout Allocation (docs/method.md#the-waterline to docs/method.md#weights-and-the-loss).
+"""Scale-Equalized Rollout Allocation.
+
+See docs/method.md#the-waterline to docs/method.md#weights-and-the-loss.
 
 `allocate` spreads a budget of B = M * N0 rollouts over M prompts so that the
 estimator scale kappa(p_q, n_q) = 1 - (1 - p_q)^(n_q - 1) is as equal as
@@ -20,10 +22,12 @@ import numpy as np
 from sera_jax.method import scaling, validation
 
 MODES = ("uniform", "equalized", "sera")
-BISECTION_STEPS = 100  # docs/method.md#the-waterline, reproduced exactly where the budget is k * n_max
+# docs/method.md#the-waterline, reproduced exactly where the budget is k * n_max.
+BISECTION_STEPS = 100
 NEWTON_STEPS = 32  # at most this many Newton / bisection steps before the exact float search
 NEWTON_ULPS = 4  # Newton has converged once a step moves log tau by at most this many floats
-USEFUL_SLACK = 1e-12  # docs/method.md#the-active-set: useful(k) compares mixed >= threshold - 1e-12.
+# docs/method.md#the-active-set: useful(k) compares mixed >= threshold - 1e-12.
+USEFUL_SLACK = 1e-12
 
 
 class Allocation(NamedTuple):
@@ -31,7 +35,8 @@ class Allocation(NamedTuple):
 
   Attributes:
     counts: int32 [M], rollouts per prompt; sums to M * baseline_n.
-    weights: [M], prompt weights w_q of the docs/method.md#weights-and-the-loss loss (0 if inactive).
+    weights: [M], prompt weights w_q of the loss (docs/method.md#weights-and-the-loss), 0 if
+      inactive.
     active: bool [M], prompts that receive rollouts.
     continuous: [M], the continuous waterline solution n_q(tau) (docs/method.md#the-waterline), 0 if
       inactive; baseline_n everywhere in "uniform" mode.
@@ -174,7 +179,10 @@ def _waterline(lam, active, budget, n_min, n_max):
     return jnp.clip(1 + tau / lam, n_min_f, n_max_f)
 
   def evaluate(m):
-    """(sum - budget, whether docs/method.md#the-waterline's test sets hi = m, d sum / d tau) at tau = exp(m)."""
+    """(sum - budget, whether the bisection sets hi = m, d sum / d tau) at tau = exp(m).
+
+    The bisection is that of docs/method.md#the-waterline.
+    """
     continuous = continuous_at(jnp.exp(m))
     whole, fraction = _total_rollouts(continuous, active)
     remaining = (budget - whole).astype(dtype)
@@ -222,12 +230,18 @@ def _waterline(lam, active, budget, n_min, n_max):
 
 
 def _floors(active, continuous, n_min, n_max):
-  """The counts before rounding: clip(floor(n_q(tau)), n_min, n_max), 0 if inactive (docs/method.md#integer-rounding)."""
+  """The counts before rounding: clip(floor(n_q(tau)), n_min, n_max), 0 if inactive.
+
+  See docs/method.md#integer-rounding.
+  """
   return jnp.where(active, jnp.clip(jnp.floor(continuous).astype(jnp.int32), n_min, n_max), 0)
 
 
 def _marginal_keys(prompts, candidate, floors, target):
-  """docs/method.md#integer-rounding's marginal squared error of one more rollout, as sortable ints (inf off candidates)."""
+  """The marginal squared error of one more rollout, as sortable ints (inf off candidates).
+
+  The error is that of docs/method.md#integer-rounding.
+  """
   marginal_error = ((scaling.fidelity_from_logs(prompts.log_q, floors + 1) - target) ** 2
                     - (scaling.fidelity_from_logs(prompts.log_q, floors) - target) ** 2)
   return _ordered_int(jnp.where(candidate, marginal_error, jnp.inf))
@@ -247,7 +261,10 @@ def _round_to_budget(prompts, active, continuous, target, budget, n_min, n_max):
 
 
 def _continuous_solution(prompts, active, budget, n_min, n_max):
-  """The waterline among `active` prompts: (continuous [M], target_fidelity) (docs/method.md#the-waterline)."""
+  """The waterline among `active` prompts: (continuous [M], target_fidelity).
+
+  See docs/method.md#the-waterline.
+  """
   num_active = jnp.sum(active.astype(jnp.int32))
   at_floor = budget == num_active * n_min
   continuous, tau = _waterline(prompts.lam, active, budget, n_min, n_max)
@@ -259,7 +276,9 @@ def _continuous_solution(prompts, active, budget, n_min, n_max):
 
 
 def _equalized(prompts, active, budget, n_min, n_max):
-  """The "equalized" allocation of `budget` among `active` prompts (docs/method.md#the-waterline and docs/method.md#integer-rounding).
+  """The "equalized" allocation of `budget` among `active` prompts.
+
+  See docs/method.md#the-waterline and docs/method.md#integer-rounding.
 
   Returns (counts, continuous, target_fidelity).
   """
@@ -269,7 +288,9 @@ def _equalized(prompts, active, budget, n_min, n_max):
 
 
 def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
-  """The active set of mode "sera" (docs/method.md#the-active-set): the largest useful prefix of the ranking.
+  """The active set of mode "sera": the largest useful prefix of the ranking.
+
+  See docs/method.md#the-active-set.
 
   Prompts are ranked by mixed(p_q, n_max), descending (ties by index); the
   first k are active. The ranking sorts log(1 - mixed) ascending, the same
@@ -288,7 +309,9 @@ def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
   required = jnp.maximum((budget + n_max - 1) // n_max, jnp.sum(force_active.astype(jnp.int32)))
 
   def useful(k):
-    """docs/method.md#the-active-set's test on the rounded counts, which are floor(n_q(tau)) or one more.
+    """The usefulness test on the rounded counts, which are floor(n_q(tau)) or one more.
+
+    The test is that of docs/method.md#the-active-set.
 
     mixed is increasing in n, so the test fails outright when a prompt fails
     at its floor plus one, and otherwise holds when every prompt that fails
@@ -393,7 +416,9 @@ def allocate(
     normalize_by_rho: bool = False,
     force_active: jax.Array | None = None,
 ) -> Allocation:
-  """Allocates B = M * baseline_n rollouts over M prompts (docs/method.md#the-waterline to docs/method.md#weights-and-the-loss).
+  """Allocates B = M * baseline_n rollouts over M prompts.
+
+  See docs/method.md#the-waterline to docs/method.md#weights-and-the-loss.
 
   Modes:
     * "uniform": n_q = baseline_n for every prompt (the MaxRL baseline).

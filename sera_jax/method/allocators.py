@@ -4,8 +4,8 @@ Each spends the same budget B = M * N0 rollouts over M prompts as
 `sera_jax.method.allocation.allocate` (N0 = `baseline_n`), with
 n_min <= n_q <= n_max and sum_q n_q = B exactly, and returns the same
 `Allocation`: every prompt is active (n_q >= n_min >= 1), its weight is the
-multiplicity correction w_q = N0 / n_q of docs/method.md#weights-and-the-loss, and fidelity / coverage
-/ target_fidelity are kappa(p_q, n_q), pass@n_q and min_q kappa(p_q, n_q) on the
+multiplicity correction w_q = N0 / n_q of docs/method.md#weights-and-the-loss, and fidelity /
+coverage / target_fidelity are kappa(p_q, n_q), pass@n_q and min_q kappa(p_q, n_q) on the
 clamped p, as `allocate` reports them.
 
 * `knapsack`: Knapsack-RL (Li et al. 2025, arXiv 2509.25849; github
@@ -77,7 +77,10 @@ def _check(baseline_n, n_min, n_max):
 
 
 def _finish(log_p, counts, continuous, baseline_n) -> Allocation:
-  """The `Allocation` of integer counts (every prompt with n_q >= 1 active), docs/method.md#weights-and-the-loss."""
+  """The `Allocation` of integer counts (every prompt with n_q >= 1 active).
+
+  See docs/method.md#weights-and-the-loss.
+  """
   dtype = log_p.dtype
   log_q = scaling.log1mexp(clamp_log_p(log_p))
   active = counts > 0

@@ -2,14 +2,16 @@
 
 Every estimator here gives rollout j of a group an advantage that depends only
 on its own reward r_j, the group size n and the group's success count K
-(docs/method.md#the-estimator-and-its-scale). That one per-rollout formula, `rollout_advantage(r, n, K)`, is shared by
+(docs/method.md#the-estimator-and-its-scale). That one per-rollout formula,
+`rollout_advantage(r, n, K)`, is shared by
 
 * `advantages`, which evaluates it on padded reward tensors [M, N],
 * `expected_scale`, which evaluates it at r = 1 (a_s(K)) and r = 0 (a_f(K)) to
   sum the closed form c(p, n) of docs/method.md#the-estimator-and-its-scale exactly, and
 * `sera_jax.method.flat.flat_advantages`, on a flat buffer with segment ids,
 
-so they cannot drift apart. `policy_loss` is the surrogate loss of docs/method.md#weights-and-the-loss.
+so they cannot drift apart. `policy_loss` is the surrogate loss of
+docs/method.md#weights-and-the-loss.
 """
 
 import functools
@@ -34,7 +36,8 @@ def _safe_divide(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
 
 
 def _maxrl(r, n, k, mean, eps):
-  # Centered MaxRL (docs/method.md#the-estimator-and-its-scale): (r - mu) / (mu + eps), silenced when no rollout succeeded.
+  # Centered MaxRL (docs/method.md#the-estimator-and-its-scale): (r - mu) / (mu + eps), silenced
+  # when no rollout succeeded.
   return jnp.where(k > 0, _safe_divide(r - mean, mean + eps), 0)
 
 
@@ -76,7 +79,9 @@ _ADVANTAGE_OF: dict[str, Callable[..., jax.Array]] = {
 
 def rollout_advantage(estimator: str, reward, group_size, successes, eps: float = 1e-6
                       ) -> jax.Array:
-  """Advantage of one rollout with reward r in a group of n with K successes (docs/method.md#the-estimator-and-its-scale).
+  """Advantage of one rollout with reward r in a group of n with K successes.
+
+  See docs/method.md#the-estimator-and-its-scale.
 
   The one formula behind `advantages` (padded groups), `expected_scale` (at r = 1
   and r = 0) and `sera_jax.method.flat.flat_advantages` (flat buffers); 0 when n = 0.
@@ -108,7 +113,9 @@ def _float_array(x) -> jax.Array:
 
 def advantages(rewards: jax.Array, mask: jax.Array, *, estimator: str = "maxrl",
                eps: float = 1e-6) -> jax.Array:
-  """Per-rollout advantages of M padded groups of binary rewards (docs/method.md#the-estimator-and-its-scale).
+  """Per-rollout advantages of M padded groups of binary rewards.
+
+  See docs/method.md#the-estimator-and-its-scale.
 
   For group q, n = sum_j mask_qj, K = sum_j r_qj mask_qj and mu = K / n:
 
@@ -164,7 +171,7 @@ def _rollout_counts(n, dtype, max_n: int | None) -> tuple[jax.Array, int]:
 
 def expected_scale(estimator: str, log_p: jax.Array, n: jax.Array, *, eps: float = 1e-6,
                    max_n: int | None = None) -> jax.Array:
-  """Exact scale c(p, n) with E[g] = c(p, n) grad log p for a group of n rollouts (docs/method.md#the-estimator-and-its-scale).
+  """Exact scale c(p, n) with E[g] = c(p, n) grad log p for a group of n rollouts.
 
   docs/method.md#the-estimator-and-its-scale gives
 

@@ -1,4 +1,6 @@
-"""Flat rollout buffers (docs/method.md#llm-post-training): a step's B rollouts in one buffer with segment ids.
+"""Flat rollout buffers: a step's B rollouts in one buffer with segment ids.
+
+See docs/method.md#llm-post-training.
 
 An LLM rollout is a sequence, so padding every group to n_max would cost
 n_max / N0 times the compute. Here the B = M * N0 rollouts of a step fill one
@@ -59,7 +61,9 @@ def _check_buffer(segment_ids, num_prompts: int, **per_slot) -> None:
 
 def flat_advantages(rewards: jax.Array, segment_ids: jax.Array, *, num_prompts: int,
                     estimator: str = "maxrl", eps: float = 1e-6) -> jax.Array:
-  """Per-rollout advantages of a flat buffer (docs/method.md#the-estimator-and-its-scale, docs/method.md#llm-post-training).
+  """Per-rollout advantages of a flat buffer.
+
+  See docs/method.md#the-estimator-and-its-scale and docs/method.md#llm-post-training.
 
   For the rollouts i of prompt q: n_q = #{i : segment_ids[i] = q},
   K_q = sum of their rewards, and A_i = rollout_advantage(r_i, n_q, K_q): the
@@ -114,7 +118,9 @@ def rollout_weights(weights: jax.Array, segment_ids: jax.Array, *, baseline_n: i
 
 def flat_policy_loss(log_probs: jax.Array, advantages: jax.Array, segment_ids: jax.Array,
                      weights: jax.Array, *, baseline_n: int) -> jax.Array:
-  """The surrogate loss of docs/method.md#weights-and-the-loss on a flat buffer (descent convention).
+  """The surrogate loss on a flat buffer (descent convention).
+
+  The loss is that of docs/method.md#weights-and-the-loss.
 
       loss = -(1 / (M N0)) sum_i w_q(i) * stop_gradient(A_i) * log pi_i
 

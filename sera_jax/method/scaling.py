@@ -1,9 +1,10 @@
 """Scale factors of finite-sample MaxRL estimators, in log space.
 
-For a prompt with success probability p (given as log p) and n rollouts:
+For a prompt with success probability p (given as log p) and n rollouts
+(docs/method.md#the-estimator-and-its-scale):
 
-* `fidelity`  kappa(p, n) = 1 - (1 - p)^(n - 1)    (centered MaxRL, docs/method.md#the-estimator-and-its-scale)
-* `coverage`  pass@n      = 1 - (1 - p)^n          (plain MaxRL, docs/method.md#the-estimator-and-its-scale)
+* `fidelity`  kappa(p, n) = 1 - (1 - p)^(n - 1)    (centered MaxRL)
+* `coverage`  pass@n      = 1 - (1 - p)^n          (plain MaxRL)
 * `mixed_probability`     = 1 - (1 - p)^n - p^n    (a group is mixed, docs/method.md#the-active-set)
 * `truncated_objective`   J_n = -sum_{k=1..n} (1 - p)^k / k, the order-n
   truncation of log p = -sum_k (1 - p)^k / k, whose gradient is
@@ -109,7 +110,10 @@ def fidelity(log_p: jax.Array, n: jax.Array) -> jax.Array:
 
 
 def coverage(log_p: jax.Array, n: jax.Array) -> jax.Array:
-  """pass@n = 1 - (1 - p)^n, the scale of the plain MaxRL estimator (docs/method.md#the-estimator-and-its-scale)."""
+  """pass@n = 1 - (1 - p)^n, the scale of the plain MaxRL estimator.
+
+  See docs/method.md#the-estimator-and-its-scale.
+  """
   _, log_q, n = _logs(log_p, n)
   return coverage_from_logs(log_q, n)
 
@@ -126,7 +130,9 @@ def mixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
 
 
 def log_unmixed_probability(log_p: jax.Array, n: jax.Array) -> jax.Array:
-  """log P(K = 0 or K = n) = log((1 - p)^n + p^n): the log of 1 - mixed (docs/method.md#the-active-set).
+  """log P(K = 0 or K = n) = log((1 - p)^n + p^n): the log of 1 - mixed.
+
+  See docs/method.md#the-active-set.
 
   Ranks prompts by how mixed their groups are without saturating where
   mixed rounds to 1 (p = 0.5, n = 512 has 1 - mixed = 2^-511).

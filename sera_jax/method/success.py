@@ -160,7 +160,9 @@ def historical_start_epoch(state: HistoricalState, *, discount: float = 0.75) ->
 
 def historical_estimate(state: HistoricalState, prompt_ids: jax.Array, *, alpha0: float = 0.5,
                         beta0: float = 0.5) -> tuple[jax.Array, jax.Array]:
-  """Frozen estimate log p = log((alpha0 + S) / (alpha0 + beta0 + S + F)) (docs/method.md#estimating-p).
+  """Frozen estimate log p = log((alpha0 + S) / (alpha0 + beta0 + S + F)).
+
+  See docs/method.md#estimating-p.
 
   Depends only on the folded S, F, never on staged outcomes, so it is constant
   within an epoch. Prompts never seen have no estimate: `has_estimate` is

@@ -1,4 +1,6 @@
-"""The dataset interface of the classification-as-RL setting (docs/method.md#classification-as-rl) and in-memory datasets.
+"""The dataset interface of classification as RL, and in-memory datasets.
+
+See docs/method.md#classification-as-rl.
 
 Every dataset serves
 * `train_batch(step, batch_size, seed)`: the training batch of a step, a pure

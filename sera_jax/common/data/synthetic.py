@@ -1,4 +1,6 @@
-"""A generated many-class dataset that reproduces the ImageNet cold start on a CPU (docs/method.md#classification-as-rl).
+"""A generated many-class dataset that reproduces the ImageNet cold start on a CPU.
+
+See docs/method.md#classification-as-rl.
 
 Each class c has a random prototype m_c ~ N(0, I_d); an example of class c is
 x = (m_c + noise * e) / sqrt(1 + noise^2) with e ~ N(0, I_d), so every input

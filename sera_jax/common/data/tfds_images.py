@@ -352,7 +352,9 @@ def tfds_images(name: str, **kwargs) -> TfdsImageDataset:
 
 
 def imagenet2012(data_dir: str | None = None, **kwargs) -> TfdsImageDataset:
-  """ImageNet-1k (tfds "imagenet2012", manual download) with the protocol of docs/method.md#classification-as-rl.
+  """ImageNet-1k (tfds "imagenet2012", manual download) with the paper's protocol.
+
+  The protocol is that of docs/method.md#classification-as-rl.
 
   The two archives ILSVRC2012_img_train.tar and ILSVRC2012_img_val.tar go in
   <data_dir>/downloads/manual/; build once with

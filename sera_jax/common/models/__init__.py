@@ -1,4 +1,7 @@
-"""Flax NNX policies for classification as RL and their pure functional view (docs/method.md#classification-as-rl, docs/method.md#the-packages-layers)."""
+"""Flax NNX policies for classification as RL and their pure functional view.
+
+See docs/method.md#classification-as-rl and docs/method.md#the-packages-layers.
+"""
 
 from sera_jax.common.models.cnn import SmallCNN
 from sera_jax.common.models.functional import MODEL_BUILDERS, FunctionalModel, create_model

@@ -1,4 +1,7 @@
-"""A small convolutional network for 8x8 / 32x32 images on a CPU (docs/method.md#classification-as-rl policy)."""
+"""A small convolutional policy for 8x8 / 32x32 images on a CPU.
+
+See docs/method.md#classification-as-rl.
+"""
 
 from collections.abc import Sequence
 

@@ -1,4 +1,4 @@
-"""A pure functional view of the NNX models for use inside jax.jit / jax.vjp (docs/method.md#the-packages-layers).
+"""A pure functional view of the NNX models for use inside jax.jit / jax.vjp.
 
 docs/method.md#the-packages-layers (last rule): the differentiated function must be pure: pure-dict
 parameters and batch statistics in, logits and the new batch statistics out.

@@ -1,4 +1,7 @@
-"""A multi-layer perceptron for small vectors and 8x8 images (docs/method.md#classification-as-rl policy)."""
+"""A multi-layer perceptron policy for small vectors and 8x8 images.
+
+See docs/method.md#classification-as-rl.
+"""
 
 import math
 from collections.abc import Sequence
@@ -12,8 +15,8 @@ class MLP(nnx.Module):
   """Flattens each example and applies Linear-ReLU layers, then a linear head.
 
   The logits parameterise the policy pi(a | x) = softmax(logits)[a] of the
-  classification-as-RL setting (docs/method.md#classification-as-rl). No normalisation layers, so the
-  functional wrapper returns empty batch statistics.
+  classification-as-RL setting (docs/method.md#classification-as-rl). No normalisation layers,
+  so the functional wrapper returns empty batch statistics.
   """
 
   def __init__(self, input_shape: Sequence[int], num_classes: int, *,

@@ -1,9 +1,9 @@
 """ResNet-18 / ResNet-50 (He et al. 2016, v1.5 strides) in Flax NNX with BatchNorm.
 
-The ImageNet protocol of docs/method.md#classification-as-rl trains ResNet-50 from scratch on 224x224
-crops with the standard stem (7x7/2 convolution + 3x3/2 max-pool). For 8x8 and
-32x32 images on a CPU, `small_inputs=True` swaps in a 3x3/1 stem without the
-max-pool, and `width` scales all channel counts down.
+The ImageNet protocol of docs/method.md#classification-as-rl trains ResNet-50 from scratch on
+224x224 crops with the standard stem (7x7/2 convolution + 3x3/2 max-pool). For 8x8 and 32x32
+images on a CPU, `small_inputs=True` swaps in a 3x3/1 stem without the max-pool, and `width`
+scales all channel counts down.
 """
 
 from collections.abc import Sequence

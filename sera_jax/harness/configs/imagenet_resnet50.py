@@ -1,4 +1,6 @@
-"""The paper's ImageNet protocol (docs/method.md#classification-as-rl): ResNet-50 from scratch, 20 epochs.
+"""The paper's ImageNet protocol: ResNet-50 from scratch, 20 epochs.
+
+See docs/method.md#classification-as-rl.
 
 Needs imagenet2012 prepared by tensorflow-datasets in config.dataset_kwargs.data_dir
 (see docs/training.md); sized for an accelerator pod, not a CPU.

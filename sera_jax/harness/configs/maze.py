@@ -28,7 +28,8 @@ def get_config():
   config.dim = 64
   config.num_layers = 2
   config.num_heads = 4
-  # Rollout budget and SERA (docs/method.md#the-estimator-and-its-scale); M = batch_size prompts, B = M * N0.
+  # Rollout budget and SERA (docs/method.md#the-estimator-and-its-scale);
+  # M = batch_size prompts, B = M * N0.
   config.batch_size = 32
   config.baseline_n = 8
   config.n_min = 2

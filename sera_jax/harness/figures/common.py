@@ -290,7 +290,9 @@ def prepare_run(args: argparse.Namespace) -> tuple[ClassificationTask, str, dict
 
 def historical_log_p(task: ClassificationTask, workdir: str, steps: Sequence[int], *,
                      discount: float = 0.75, seed: int = 0) -> dict[int, jax.Array]:
-  """The frozen historical estimates (docs/method.md#estimating-p) of every training prompt at epoch boundaries.
+  """The frozen historical estimates of every training prompt at epoch boundaries.
+
+  The estimates are those of docs/method.md#estimating-p.
 
   Replays the epochs before max(steps) over the whole training set once:
   epoch e rolls out every training prompt with the policy of the checkpoint

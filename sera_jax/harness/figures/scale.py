@@ -2,10 +2,10 @@
 
 For one fixed batch of M training prompts and the early, midway and late
 snapshots of the run of sera_jax.harness.figures.common (default digits, method ce), it draws
-kappa(p_q, n_q) = 1 - (1 - p_q)^(n_q - 1) (docs/method.md#the-estimator-and-its-scale) against the exact p_q on
-log axes under the uniform allocation (n_q = N0) and under SERA (same budget
-M N0), with SERA's waterline (the target fidelity 1 - exp(-tau), docs/method.md#the-waterline), and
-n_q against p_q underneath. Prompts SERA switches off (n_q = 0, kappa = 0)
+kappa(p_q, n_q) = 1 - (1 - p_q)^(n_q - 1) (docs/method.md#the-estimator-and-its-scale) against
+the exact p_q on log axes under the uniform allocation (n_q = N0) and under SERA (same budget
+M N0), with SERA's waterline (the target fidelity 1 - exp(-tau), docs/method.md#the-waterline),
+and n_q against p_q underneath. Prompts SERA switches off (n_q = 0, kappa = 0)
 are drawn as crosses on the bottom edge.
 
   sera-jax figure scale           # or: python experiments/scale_equalization.py

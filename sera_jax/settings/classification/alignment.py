@@ -7,9 +7,9 @@
   compare (docs/method.md#estimating-p: oracle, historical, pilot estimates of p).
 * `make_evaluator`: for a fixed batch and any set of methods, ONE jitted call
   draws every seed's rollouts (`jax.vmap` over keys), stacks the exact,
-  realized and expected logit cotangents (docs/method.md#classification-as-rl), pushes them through one
-  `jax.vjp` and returns each estimate's cosine with the exact gradient from
-  their Gram matrix (`gradients.gram_matrix` / `gradients.cosines`).
+  realized and expected logit cotangents (docs/method.md#classification-as-rl), pushes them
+  through one `jax.vjp` and returns each estimate's cosine with the exact gradient from their
+  Gram matrix (`gradients.gram_matrix` / `gradients.cosines`).
 """
 
 from collections.abc import Callable, Mapping
@@ -30,7 +30,9 @@ AllocateFn = Callable[[jax.Array, jax.Array, jax.Array, Mapping[str, jax.Array]]
 
 
 class Method(NamedTuple):
-  """A gradient estimator of the docs/method.md#weights-and-the-loss loss: an allocation and how it is scored.
+  """A gradient estimator of the loss: an allocation and how it is scored.
+
+  The loss is that of docs/method.md#weights-and-the-loss.
 
   Attributes:
     allocate: (key, logits, labels, extras) -> `Allocation` of the (second-stage)
@@ -85,7 +87,9 @@ def estimate_method(extra: str, *, baseline_n: int, n_min: int, n_max: int,
 
 def pilot_method(num_pilot: int, *, baseline_n: int, n_min: int, n_max: int,
                  mode: str = "sera", estimator: str = "maxrl", **options) -> Method:
-  """Two-stage SERA (docs/method.md#estimating-p pilot): num_pilot rollouts per prompt estimate p, the rest is allocated.
+  """Two-stage SERA: num_pilot rollouts per prompt estimate p, the rest is allocated.
+
+  This is the pilot of docs/method.md#estimating-p.
 
   The pilot spends M * num_pilot of the budget M * baseline_n only on the
   estimate; the gradient uses the independent second stage, allocated with
@@ -189,8 +193,8 @@ def make_evaluator(task: ClassificationTask, methods: Mapping[str, Method]):
   """One jitted call: (state, images, labels, keys [S], extras={}) -> {name: `Alignment`}.
 
   All seeds and all methods share one forward pass and one `jax.vjp`: the
-  exact cotangent, then per method S realized and S (or 1) expected
-  cotangents, are stacked and pushed through `jax.vmap(vjp_fn)` (docs/method.md#classification-as-rl).
+  exact cotangent, then per method S realized and S (or 1) expected cotangents, are stacked and
+  pushed through `jax.vmap(vjp_fn)` (docs/method.md#classification-as-rl).
   """
   names = list(methods)
 

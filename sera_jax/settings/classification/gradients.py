@@ -1,4 +1,6 @@
-"""Classification as RL: exact, estimated and expected logit gradients (docs/method.md#classification-as-rl).
+"""Classification as RL: exact, estimated and expected logit gradients.
+
+See docs/method.md#classification-as-rl.
 
 An image is a prompt, a sampled label a rollout, reward 1 iff the label is the
 true class y. The score of label a in logit space is onehot(a) - pi, so every
@@ -94,7 +96,9 @@ def _slot_words(key: jax.Array, width: int, words: int) -> jax.Array:
 
 
 def _sample_group(log_probs, label, count, log_u, label_u):
-  """One prompt's rollouts from its uniforms: success iff log U < log p (docs/method.md#classification-as-rl).
+  """One prompt's rollouts from its uniforms: success iff log U < log p.
+
+  See docs/method.md#classification-as-rl.
 
   A failure's label inverts the CDF of pi restricted to the wrong classes
   (mass 1 - p) at `label_u`; the first `count` slots are real.
@@ -112,7 +116,9 @@ def _sample_group(log_probs, label, count, log_u, label_u):
 
 def sample_rollouts(key: jax.Array, logits: jax.Array, labels: jax.Array, counts: jax.Array,
                     *, max_rollouts: int) -> Rollouts:
-  """Samples counts[q] labels from softmax(logits_q) for every prompt (docs/method.md#classification-as-rl).
+  """Samples counts[q] labels from softmax(logits_q) for every prompt.
+
+  See docs/method.md#classification-as-rl.
 
   Args:
     key: PRNG key.
@@ -148,7 +154,9 @@ def sample_rollouts(key: jax.Array, logits: jax.Array, labels: jax.Array, counts
 
 def rollout_logit_grad(logits: jax.Array, rollouts: Rollouts, advantages: jax.Array,
                        weights: jax.Array, *, baseline_n: int) -> jax.Array:
-  """(1/(M N0)) w_q sum_j A_qj (onehot(a_qj) - pi_q): minus d loss / d logits (docs/method.md#weights-and-the-loss, docs/method.md#classification-as-rl).
+  """(1/(M N0)) w_q sum_j A_qj (onehot(a_qj) - pi_q): minus d loss / d logits.
+
+  See docs/method.md#weights-and-the-loss and docs/method.md#classification-as-rl.
 
   Equals the negative gradient of `estimators.policy_loss` over the same
   rollouts with respect to the logits, without forming one-hots.
@@ -162,7 +170,10 @@ def rollout_logit_grad(logits: jax.Array, rollouts: Rollouts, advantages: jax.Ar
 
 
 def exact_logit_grad(logits: jax.Array, labels: jax.Array) -> jax.Array:
-  """(1/M) (onehot(y_q) - pi_q) = d/dlogits of (1/M) sum_q log p_q (docs/method.md#classification-as-rl)."""
+  """(1/M) (onehot(y_q) - pi_q) = d/dlogits of (1/M) sum_q log p_q.
+
+  See docs/method.md#classification-as-rl.
+  """
   _check_logits_labels(logits, labels)
   num_classes = logits.shape[-1]
   onehot = jax.nn.one_hot(labels, num_classes, dtype=logits.dtype)
@@ -172,7 +183,9 @@ def exact_logit_grad(logits: jax.Array, labels: jax.Array) -> jax.Array:
 def estimate_logit_grad(key: jax.Array, logits: jax.Array, labels: jax.Array,
                         allocation: Allocation, *, baseline_n: int, estimator: str = "maxrl",
                         max_rollouts: int | None = None, eps: float = 1e-6) -> jax.Array:
-  """The realized ascent gradient of the docs/method.md#weights-and-the-loss loss in logit space (docs/method.md#classification-as-rl).
+  """The realized ascent gradient of the loss in logit space.
+
+  See docs/method.md#weights-and-the-loss and docs/method.md#classification-as-rl.
 
   Samples allocation.counts[q] labels per prompt, scores them with
   `estimator`, and returns (1/(M N0)) w_q sum_j A_qj (onehot(a_qj) - pi_q).
@@ -217,7 +230,9 @@ def sample_and_score(key: jax.Array, logits: jax.Array, labels: jax.Array,
 def expected_logit_grad(logits: jax.Array, labels: jax.Array, allocation: Allocation, *,
                         baseline_n: int, estimator: str = "maxrl",
                         max_rollouts: int | None = None, eps: float = 1e-6) -> jax.Array:
-  """E[estimate_logit_grad] = (1/M) (w_q n_q / N0) c(p_q, n_q) (onehot(y_q) - pi_q) (docs/method.md#classification-as-rl).
+  """E[estimate_logit_grad] = (1/M) (w_q n_q / N0) c(p_q, n_q) (onehot(y_q) - pi_q).
+
+  See docs/method.md#classification-as-rl.
 
   c is `estimators.expected_scale`, exact for any eps. Arguments as in
   `estimate_logit_grad` (the same static `max_rollouts`).

@@ -1,4 +1,6 @@
-"""Classification as RL with exact-gradient alignment at every step (docs/method.md#classification-as-rl).
+"""Classification as RL with exact-gradient alignment at every step.
+
+See docs/method.md#classification-as-rl.
 
 Every `config.align_every` steps the training step runs one forward pass and
 pushes the exact, SERA and uniform-MaxRL logit cotangents (realized and
@@ -210,8 +212,8 @@ class ClassificationTask:
     return self._steps[align](state, images, labels, step)
 
   def evaluate(self, state: TrainState) -> dict[str, float]:
-    """pass@k = mean_q 1 - (1 - p_q)^k on the held-out split (docs/method.md#classification-as-rl), and as
-    "validation/pass@k" on the validation split when the dataset has one."""
+    """pass@k = mean_q 1 - (1 - p_q)^k on the held-out split, and as "validation/pass@k" on the
+    validation split when the dataset has one (docs/method.md#classification-as-rl)."""
     metrics = self._evaluate_on(self.dataset, state, "")
     if getattr(self.dataset, "num_validation", 0):
       metrics |= self._evaluate_on(self.dataset.validation_split(), state, "validation/")

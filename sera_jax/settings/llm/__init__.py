@@ -1,4 +1,6 @@
-"""LLM post-training with Tunix (docs/method.md#llm-post-training); needs the `[llm]` extra (google-tunix).
+"""LLM post-training with Tunix; needs the `[llm]` extra (google-tunix).
+
+See docs/method.md#llm-post-training.
 
 * `learner`: MaxRL advantage estimators registered with Tunix, a policy loss
   normalised by the rollout budget, and `SeraLearner`, Tunix's GRPO learner

@@ -10,10 +10,10 @@ Importing this module registers with Tunix's function registry:
   included), which on-policy (one iteration, beta = 0) and with the budget in
   equal micro-batches is -(1 / B) sum_i A_i log pi(y_i).
 
-`SeraLearner` is Tunix's GRPO learner with the allocation of docs/method.md#the-estimator-and-its-scale: for
-each batch of M prompts it reads log p from the historical estimator keyed by
-each example's dataset index (frozen within an epoch; uniform counts until
-every prompt of the batch has an estimate), allocates counts with sum
+`SeraLearner` is Tunix's GRPO learner with the allocation of
+docs/method.md#the-estimator-and-its-scale: for each batch of M prompts it reads log p from the
+historical estimator keyed by each example's dataset index (frozen within an epoch; uniform
+counts until every prompt of the batch has an estimate), allocates counts with sum
 B = M * N0 (N0 = num_generations), repeats the prompts by their counts into
 exactly B generation requests, scores them, and trains on flat advantages with
 the prompt weights folded in, so the loss is
@@ -95,7 +95,9 @@ def budget_norm_loss(model, train_example, algo_config, pad_id, eos_id, **kwargs
 
 @dataclasses.dataclass(kw_only=True)
 class SeraConfig(grpo_learner.GRPOConfig):
-  """`GRPOConfig` with SERA's allocation (docs/method.md#the-estimator-and-its-scale); num_generations is N0.
+  """`GRPOConfig` with SERA's allocation; num_generations is N0.
+
+  See docs/method.md#the-estimator-and-its-scale.
 
   Attributes:
     allocation: "sera", "equalized" or "uniform" (`sera_jax.allocate`'s modes).

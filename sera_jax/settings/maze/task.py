@@ -5,12 +5,13 @@ mazes. The first `config.warmup_steps` steps minimise the negative
 log-likelihood of the BFS shortest paths; every later step spends the same
 rollout budget B = M * N0:
 
-* "uniform": N0 rollouts a maze, centered MaxRL advantages (docs/method.md#the-estimator-and-its-scale);
+* "uniform": N0 rollouts a maze, centered MaxRL advantages
+  (docs/method.md#the-estimator-and-its-scale);
 * "grpo":    N0 rollouts a maze, GRPO advantages;
-* "sera":    counts from `allocate(mode="sera")` (docs/method.md#the-waterline to docs/method.md#the-active-set) on success
-  probabilities from the historical estimator (docs/method.md#estimating-p, frozen within an epoch);
-  until every maze of the batch has an estimate (the first RL epoch) the
-  uniform allocation.
+* "sera":    counts from `allocate(mode="sera")` (docs/method.md#the-waterline to
+  docs/method.md#the-active-set) on success probabilities from the historical estimator
+  (docs/method.md#estimating-p, frozen within an epoch); until every maze of the batch has an
+  estimate (the first RL epoch) the uniform allocation.
 
 All use the loss of docs/method.md#weights-and-the-loss with the allocation's prompt weights.
 Rollouts live in a flat buffer of exactly B sequences with segment ids (the
