@@ -12,9 +12,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# The scripts import sera_jax and verification from this checkout, installed or not.
+# The scripts import sera_jax (its verification too) from this checkout, installed or not.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-python3 -c 'import sera_jax, verification' 2>/dev/null || python3 -m pip install -q -e .
+python3 -c 'import sera_jax.verification' 2>/dev/null || python3 -m pip install -q -e .
 if ! python3 -c 'import jax, sys; sys.exit(jax.default_backend() != "gpu")' 2>/dev/null; then
   version=$(python3 -c 'import importlib.metadata as m; print(m.version("jax"))')
   python3 -m pip install -q "jax[${JAX_CUDA:-cuda12}]==${version}"

@@ -9,7 +9,7 @@ Rows:
                           optimizer, timed interleaved (`alignment_step.measure`); the
                           note gives the floor: the five gradients and their Gram
                           matrix without any SERA work.
-  allocate speed-up       the NumPy float64 reference of verification/ over jitted
+  allocate speed-up       the NumPy float64 reference of sera_jax.verification over jitted
                           `allocate(mode="sera")` (N0 = 16, n_min = 2, n_max = 64,
                           p ~ Beta(0.3, 1.5)), in float32 and in x64; the counts of the
                           x64 run must equal the reference's exactly.
@@ -34,7 +34,7 @@ import numpy as np
 from sera_jax.harness import configs
 from sera_jax.harness.configs.base import classification as base_config
 from sera_jax.method import allocation
-from verification import reference
+from sera_jax.verification import reference
 
 ALLOCATOR = {"baseline_n": 16, "n_min": 2, "n_max": 64}
 SPEED_UP_TARGETS = {4096: 5, 65536: 1}  # M -> least jitted speed-up over NumPy

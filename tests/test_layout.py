@@ -6,6 +6,11 @@ harness -> settings -> common -> method, read from every module's source
 (imports inside functions count too). A setting imports no other setting;
 the method imports nothing but itself, the standard library, jax, numpy and
 chex; nothing inside the package imports its public face `sera_jax`.
+
+`sera_jax.verification` sits beside the layers, so that the oracle stays independent of the
+code it checks: its reference imports only the standard library, numpy and scipy; its checks
+import the method (what they compare with the reference) and no other layer; and no module
+of the package outside it imports it.
 """
 
 import ast
@@ -19,6 +24,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "sera_jax"
 LAYERS = ("method", "common", "settings", "harness")  # lowest first
 METHOD_THIRD_PARTY = {"jax", "numpy", "chex"}
+VERIFICATION = "sera_jax.verification"
+REFERENCE = f"{VERIFICATION}.reference"
+REFERENCE_FILE = PACKAGE / "verification" / "reference.py"
+REFERENCE_THIRD_PARTY = {"numpy", "scipy"}
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -80,8 +89,13 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
   return []
 
 
+def in_verification(module: str) -> bool:
+  return module == VERIFICATION or module.startswith(f"{VERIFICATION}.")
+
+
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
-  """Edges that run upward, across settings, or into the package's face."""
+  """Edges that run upward, across settings, into the package's face, into the verification
+  from outside it, or from the verification into a layer other than the method."""
   def place(module):  # (layer rank, setting name or None)
     parts = module.split(".")
     if len(parts) < 2 or parts[1] not in LAYERS:
@@ -94,6 +108,12 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     for target in sorted(targets):
       if target == "sera_jax" and source != "sera_jax":
         bad.append(f"{source} imports the package face sera_jax")
+        continue
+      if in_verification(target) and not in_verification(source):
+        bad.append(f"{source} imports the verification, {target}")
+        continue
+      if in_verification(source) and place(target) and place(target)[0] > 0:
+        bad.append(f"{source} (verification) imports {target} ({LAYERS[place(target)[0]]})")
         continue
       if source == "sera_jax" or place(source) is None or place(target) is None:
         continue
@@ -127,6 +147,42 @@ def test_layer_violations_catch_upward_and_sideways_imports():
       "sera_jax.common.optim imports the package face sera_jax"]
 
 
+def test_layer_violations_catch_imports_into_and_out_of_the_verification():
+  graph = {"sera_jax.harness.cli": {"sera_jax.verification.checks"},
+           "sera_jax": {"sera_jax.verification"},
+           "sera_jax.verification.checks": {"sera_jax.method.allocation",
+                                            "sera_jax.verification.reference",
+                                            "sera_jax.common.optim"},
+           "sera_jax.verification.__main__": {"sera_jax.verification.checks"}}
+  assert layer_violations(graph) == [
+      "sera_jax.harness.cli imports the verification, sera_jax.verification.checks",
+      "sera_jax imports the verification, sera_jax.verification",
+      "sera_jax.verification.checks (verification) imports sera_jax.common.optim (common)"]
+
+
+def imports_beyond(modules: dict[str, pathlib.Path], third_party: set[str],
+                   own: tuple[str, ...]) -> list[str]:
+  """'A imports B' for each import B of `modules` that is neither a module under one of the
+  prefixes `own`, nor the standard library or a `third_party` package outside sera_jax."""
+  known = set(modules_of("sera_jax"))
+  beyond = []
+  for name, path in modules.items():
+    for imported in sorted(imported_names(path, known)):
+      top = imported.split(".")[0]
+      if imported.startswith(own) or (
+          top != "sera_jax" and (top in third_party or top in sys.stdlib_module_names)):
+        continue
+      beyond.append(f"{name} imports {imported}")
+  return beyond
+
+
+def test_imports_beyond_names_what_is_not_allowed():
+  assert imports_beyond({REFERENCE: REFERENCE_FILE}, set(), ()) == [f"{REFERENCE} imports numpy"]
+  checks = {f"{VERIFICATION}.checks": PACKAGE / "verification" / "checks.py"}
+  assert f"{VERIFICATION}.checks imports sera_jax.method.scaling" in imports_beyond(
+      checks, {"jax", "numpy"}, (VERIFICATION,))
+
+
 def test_imported_names_resolve_modules_and_names_in_modules():
   source = PACKAGE / "harness" / "sweep.py"
   known = set(modules_of("sera_jax"))
@@ -139,12 +195,13 @@ def test_imported_names_resolve_modules_and_names_in_modules():
 
 def test_every_module_is_in_a_layer():
   stray = [name for name in modules_of("sera_jax")
-           if name != "sera_jax" and name.split(".")[1] not in LAYERS]
-  assert not stray, f"modules outside method/common/settings/harness: {stray}"
+           if name != "sera_jax" and name.split(".")[1] not in LAYERS
+           and not in_verification(name)]
+  assert not stray, f"modules outside method/common/settings/harness and verification: {stray}"
 
 
 def test_no_import_cycle():
-  graph = import_graph(modules_of("sera_jax", "verification", "experiments"))
+  graph = import_graph(modules_of("sera_jax", "experiments"))
   assert find_cycle(graph) == []
 
 
@@ -153,22 +210,17 @@ def test_imports_run_only_downward():
 
 
 def test_the_method_imports_only_jax_numpy_chex_and_the_standard_library():
-  known = set(modules_of("sera_jax"))
-  for name, path in modules_of("sera_jax/method").items():
-    for imported in imported_names(path, known):
-      top = imported.split(".")[0]
-      if top == "sera_jax":
-        assert imported.startswith("sera_jax.method"), f"{name} imports {imported}"
-      else:
-        assert top in METHOD_THIRD_PARTY or top in sys.stdlib_module_names, (
-            f"{name} imports {imported}")
+  assert imports_beyond(modules_of("sera_jax/method"), METHOD_THIRD_PARTY,
+                        ("sera_jax.method",)) == []
 
 
-def test_verification_and_experiments_sit_above_the_right_layers():
-  graph = import_graph(modules_of("sera_jax", "verification", "experiments"))
+def test_the_reference_imports_only_numpy_scipy_and_the_standard_library():
+  assert imports_beyond({REFERENCE: REFERENCE_FILE}, REFERENCE_THIRD_PARTY, ()) == []
+
+
+def test_experiments_import_only_the_harness():
+  graph = import_graph(modules_of("sera_jax", "experiments"))
   for name, targets in graph.items():
-    if name.startswith("verification"):
-      assert all(t.startswith(("verification", "sera_jax.method")) for t in targets), name
     if name.startswith("experiments"):
       assert all(t.startswith("sera_jax.harness") for t in targets), name
 

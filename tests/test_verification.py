@@ -1,4 +1,4 @@
-"""The JAX library against the independent float64 NumPy reference (verification/).
+"""The JAX library against the independent float64 NumPy reference (sera_jax/verification/).
 
 * x64: `allocate` equals the reference exactly (counts, active; floats to 1e-12)
   on 504 random problems per mode, every family of p meeting every M.
@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-from verification import __main__ as cli
-from verification import checks, reference
+from sera_jax.verification import __main__ as cli
+from sera_jax.verification import checks, reference
 
 MODES = reference.MODES
 X64_SEEDS = range(504)  # 504 = 6 families x 12 sizes x 7.

@@ -72,6 +72,19 @@ def test_the_wheel_carries_its_version_and_license(installed):
   assert license_text.strip() == (REPO / "LICENSE").read_text().strip()
 
 
+def test_the_wheel_installs_one_top_level_package(installed):
+  """Everything ships under sera_jax (a top-level `verification` would collide with others')."""
+  bin_dir, env, cwd = installed
+  out = _run([str(bin_dir / "python"), "-c",
+              "from importlib import metadata; import sera_jax.verification.reference; "
+              "print(*metadata.files('sera_jax'), sep='\\n')"], cwd, env)
+  shipped = [pathlib.PurePosixPath(line) for line in out.splitlines()]
+  packaged = {path.parts[0] for path in shipped
+              if path.parts[0] != ".." and not path.parts[0].endswith(".dist-info")}
+  assert packaged == {"sera_jax"}
+  assert pathlib.PurePosixPath("sera_jax/verification/reference.py") in shipped
+
+
 def test_train_runs_the_default_config(installed):
   bin_dir, env, cwd = installed
   out = _run([str(bin_dir / "sera-jax"), "train", "--config.num_steps=3"], cwd, env)

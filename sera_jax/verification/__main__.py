@@ -1,4 +1,4 @@
-"""`python -m verification`: the library against the NumPy reference and the closed forms.
+"""`python -m sera_jax.verification`: the library against the NumPy reference and closed forms.
 
 Prints one row per check (name, cases, worst error or mismatches, PASS/FAIL),
 then the details of any failure, and exits 1 if a check failed. It runs the
@@ -9,7 +9,7 @@ CPU cores).
 import sys
 import time
 
-from verification import checks
+from sera_jax.verification import checks
 
 # Smaller than the tests: fewer prompt counts (one compilation each) and problems.
 X64_SIZES = (1, 2, 17, 127, 1000, 4096)

@@ -1,6 +1,6 @@
 """Checks of the JAX library against the float64 NumPy reference and the closed forms.
 
-Shared by `python -m verification` (which prints them as a table) and by
+Shared by `python -m sera_jax.verification` (which prints them as a table) and by
 tests/test_verification.py (which asserts them at a larger size). Each check
 returns a `CheckResult`; a failing one lists its first offending cases
 precisely (problem seed, prompt index, library and reference values).
@@ -19,7 +19,7 @@ import numpy as np
 from sera_jax.method import scaling
 from sera_jax.method.allocation import allocate
 from sera_jax.method.estimators import expected_scale
-from verification import reference
+from sera_jax.verification import reference
 
 # Prompt counts: a fixed list, because the jitted allocator compiles once per M.
 SIZES = (1, 2, 3, 5, 8, 17, 64, 127, 256, 1000, 2049, 4096)
