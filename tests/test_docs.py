@@ -4,6 +4,8 @@
 * Every relative link and image path resolves from the page it is on, a `#heading` too.
 * Every page of docs/ is listed in docs/index.md and in the README.
 * `.ci/run` runs exactly the README's test command.
+* Every `method.md#section` citation, in the code as in the pages, names a section of
+  docs/method.md, the method's specification, and nothing points at the retired one.
 """
 
 import pathlib
@@ -12,14 +14,28 @@ import unicodedata
 
 import pytest
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+THIS = pathlib.Path(__file__).resolve()
+REPO = THIS.parents[1]
 README = REPO / "README.md"
 DOCS = REPO / "docs"
 PAGES = [README, REPO / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
+METHOD = DOCS / "method.md"
+# The sections of the method's specification, in order; code and pages cite them by anchor.
+METHOD_SECTIONS = [
+    "the-estimator-and-its-scale", "the-waterline", "integer-rounding", "the-active-set",
+    "weights-and-the-loss", "estimating-p", "classification-as-rl", "the-packages-layers",
+    "llm-post-training", "the-score-of-a-sequence"]
+CITING_SUFFIXES = (".py", ".md", ".toml", ".cff", ".sh")
+# What .gitignore leaves out (and .git itself): build outputs and caches, never sources.
+UNTRACKED_DIRS = {".git", ".venv", ".pytest_cache", ".ruff_cache", ".hypothesis", "__pycache__",
+                  "build", "runs"}
+# The specification before docs/method.md; only the history may still name it.
+RETIRED = ("DESIGN", "../shared")
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", flags=re.S | re.M)
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", flags=re.M)
+CITATION = re.compile(r"method\.md#([\w-]+)")
 
 
 def _name(page: pathlib.Path) -> str:
@@ -107,3 +123,84 @@ def test_ci_runs_exactly_the_readmes_test_command():
   ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
         if line.strip() and not line.startswith("#")]
   assert ci[-1] == command == 'pip install -e ".[test,llm]" && pytest'
+
+
+def repository_files(root: pathlib.Path, suffixes: tuple[str, ...] | None = None
+                     ) -> list[pathlib.Path]:
+  """The files under `root` (with one of `suffixes`, if given), outside `UNTRACKED_DIRS`,
+  egg-info and workdirs."""
+  def kept(path):
+    parts = path.relative_to(root).parts[:-1]
+    return not any(part in UNTRACKED_DIRS or part.endswith(".egg-info")
+                   or part.startswith("workdir") for part in parts)
+
+  return sorted(path for path in root.rglob("*") if path.is_file() and kept(path)
+                and (suffixes is None or path.suffix in suffixes))
+
+
+def unresolved_citations(paths: list[pathlib.Path], anchors: set[str]) -> list[str]:
+  """'file:line: method.md#anchor' for each citation in `paths` of an anchor not in `anchors`."""
+  return [f"{path}:{number}: method.md#{anchor}" for path in paths
+          for number, line in enumerate(path.read_text().splitlines(), start=1)
+          for anchor in CITATION.findall(line) if anchor not in anchors]
+
+
+def retired_mentions(paths: list[pathlib.Path]) -> list[str]:
+  """'file: word' for each file in `paths` that holds one of `RETIRED`."""
+  return [f"{path}: {word}" for path in paths for word in RETIRED
+          if word.encode() in path.read_bytes()]
+
+
+def _section_anchors(page: pathlib.Path, level: str = "#") -> list[str]:
+  """The anchors of `page`'s headings at `level` ("#" any, "##" sections only), in order."""
+  text = FENCE.sub("", page.read_text())
+  if level == "#":
+    return [slug(heading) for heading in HEADING.findall(text)]
+  return [slug(heading) for heading in re.findall(rf"^{level}\s+(.+?)\s*$", text, flags=re.M)]
+
+
+def test_the_method_page_has_the_sections_the_code_cites():
+  assert _section_anchors(METHOD, "##") == METHOD_SECTIONS
+
+
+def test_every_method_citation_names_a_section_of_the_method_page():
+  # CHANGELOG.md records history as it was; this file cites bad anchors on purpose.
+  cited = [path for path in repository_files(REPO, CITING_SUFFIXES)
+           if path not in (REPO / "CHANGELOG.md", THIS)]
+  assert len(cited) > 50  # the package, its tests and its pages
+  assert unresolved_citations(cited, set(_section_anchors(METHOD))) == []
+
+
+def test_the_citation_check_sees_an_unknown_section(tmp_path):
+  (tmp_path / "code.py").write_text('"""The waterline (docs/method.md#the-waterline)."""\n')
+  page = tmp_path / "page.md"
+  page.write_text("[the waterline](method.md#the-waterline)'s float\n"
+                  "see docs/method.md#the-waterlines and method.md#the-waterline.\n")
+  assert unresolved_citations(repository_files(tmp_path, CITING_SUFFIXES),
+                              {"the-waterline"}) == [f"{page}:2: method.md#the-waterlines"]
+
+
+def test_the_file_walk_skips_build_outputs_and_caches(tmp_path):
+  for name in ("a.py", "docs/b.md", ".ci/run", "notes.txt", ".venv/lib/c.py", ".git/d.sh",
+               "pkg.egg-info/e.py", "workdir-1/f.py", "build/g.py"):
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / name).write_text("x\n")
+  found = lambda suffixes: [str(path.relative_to(tmp_path))  # noqa: E731
+                            for path in repository_files(tmp_path, suffixes)]
+  assert found(CITING_SUFFIXES) == ["a.py", "docs/b.md"]
+  assert found(None) == [".ci/run", "a.py", "docs/b.md", "notes.txt"]
+
+
+def test_nothing_outside_the_history_names_the_retired_specification():
+  # This file names the retired words to look for them; CHANGELOG.md keeps the history.
+  files = [path for path in repository_files(REPO) if path not in (REPO / "CHANGELOG.md", THIS)]
+  assert retired_mentions(files) == []
+
+
+def test_the_retired_check_sees_either_word(tmp_path):
+  paths = [tmp_path / name for name in ("clean.md", "spec.py", "path.sh")]
+  for path, text in zip(paths, ("# Design notes, in docs/method.md\n",
+                                "# the method, see DESIGN §1\n",
+                                "cat ../shared/notes\n"), strict=True):
+    path.write_text(text)
+  assert retired_mentions(paths) == [f"{paths[1]}: DESIGN", f"{paths[2]}: ../shared"]
