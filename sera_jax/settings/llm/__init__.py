@@ -8,5 +8,6 @@ See docs/method.md#llm-post-training.
 * `cluster`: the RLCluster those learners train (actor, optional reference, rollout);
 * `tiny`: a digit-sum task and a 2-layer decoder that train on a CPU;
 * `arithmetic`: multi-digit addition, the math task of `sera-jax figure math`;
+* `config`: an experiment config's keys as `SeraConfig`'s fields;
 * `gsm8k`: GSM8K with a pretrained Qwen3 or Qwen2 on an accelerator.
 """
