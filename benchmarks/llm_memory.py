@@ -5,7 +5,7 @@ Nothing runs and no weights exist: a Qwen3 of Tunix's ModelConfig presets is bui
 (`nnx.eval_shape`) with the config's dtypes and remat, sharded as Tunix shards it over an
 ("fsdp", "tp") = (devices, 1) mesh of fake CPU devices (the config's default mesh), and each
 step is lowered and compiled for that mesh with abstract inputs at the config's lengths
-(`sera_jax.settings.llm.gsm8k.get_config`: prompts of max_prompt_length, completions of
+(the shipped config `gsm8k_qwen3`: prompts of max_prompt_length, completions of
 max_tokens_to_generate, a KV cache of kv_cache_size). Per device, XLA's memory analysis gives
 the arguments, outputs and temporaries of each executable, and their total less the buffers
 outputs reuse of donated arguments:
@@ -97,8 +97,8 @@ def measure(config, train_micro_batches: list[int], generation_batches: list[int
   (rollouts).
 
   Args:
-    config: `gsm8k.get_config()`'s keys (a Qwen3 preset, its dtypes and remat, the lengths,
-      batch and optimizer keys).
+    config: the keys of the config `gsm8k_qwen3` (a Qwen3 preset, its dtypes and remat, the
+      lengths, batch and optimizer keys).
     train_micro_batches, generation_batches: the values of those keys to compile.
     model_config: Qwen3's ModelConfig; default `gsm8k.preset_config(config)`.
   """
@@ -119,12 +119,14 @@ def _measure(config, model_config, mesh, train_micro_batches, generation_batches
   from tunix.models.qwen3 import model as qwen3
   from tunix.rl import common
 
+  from sera_jax.harness.configs import gsm8k_qwen3
+  from sera_jax.settings.llm import config as llm_config
   from sera_jax.settings.llm import gsm8k, tiny
   from sera_jax.settings.llm import learner as learner_lib
 
-  n0, prompt, completion = (config.num_generations, config.max_prompt_length,
+  n0, prompt, completion = (config.baseline_n, config.max_prompt_length,
                             config.max_tokens_to_generate)
-  algo_config = gsm8k.sera_config(config, gsm8k.GSM8K_TRAIN)
+  algo_config = llm_config.sera_config(config, dataset_size=gsm8k_qwen3.GSM8K_TRAIN)
   algo_config.temperature = config.temperature  # as Tunix's GRPOLearner sets it
   on_fsdp = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
 
@@ -220,9 +222,9 @@ def main() -> None:
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.worker:  # one mesh size, in this interpreter
-    from sera_jax.settings.llm import gsm8k
+    from sera_jax.harness import configs
     for model, dtype in itertools.product(args.models, args.dtypes):
-      config = gsm8k.get_config()
+      config = configs.load("gsm8k_qwen3")
       config.model_preset, config.dtype = model, dtype
       for row in measure(config, args.train_micro_batch, args.generation_batch):
         print(json.dumps(row), flush=True)

@@ -9,7 +9,7 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from sera_jax.harness.figures import math as math_figure
 from sera_jax.settings.llm import arithmetic, tiny
 
-MATH, MATH_TINY = math_figure.get_config(), math_figure.get_config(tiny=True)
+MATH, MATH_TINY = math_figure.load_config(), math_figure.load_config(tiny=True)
 
 
 def _split_sizes(config) -> dict[str, int]:

@@ -15,7 +15,6 @@ import run as benchmark_table  # noqa: E402
 from tunix.models.qwen3 import model as qwen3  # noqa: E402
 
 from sera_jax.harness import configs  # noqa: E402
-from sera_jax.settings.llm import gsm8k  # noqa: E402
 
 
 @pytest.mark.slow
@@ -51,8 +50,8 @@ def test_memory_compiles_the_three_steps_of_an_imagenet_config():
 def test_llm_memory_compiles_the_train_step_and_the_sampler_of_a_small_qwen3():
   """Compile-only memory of a one-layer Qwen3 (remat on, bfloat16) at the GSM8K config's
   keys shrunk: a train row per micro-batch, a prefill and a decode row per generation batch."""
-  config = gsm8k.get_config()
-  config.update(batch_size=4, num_generations=2, train_micro_batch_size=2,
+  config = configs.load("gsm8k_qwen3")
+  config.update(batch_size=4, baseline_n=2, train_micro_batch_size=2,
                 max_prompt_length=8, max_tokens_to_generate=8, kv_cache_size=16)
   small = qwen3.ModelConfig(num_layers=1, vocab_size=64, embed_dim=32, hidden_dim=64,
                             num_heads=2, head_dim=16, num_kv_heads=1, rope_theta=10_000,

@@ -1,7 +1,9 @@
-"""The shipped configs (sera_jax.harness.configs): by name, by path, and the train flags."""
+"""The shipped configs (sera_jax.harness.configs): by name, by path, the train flags, and one
+spelling of every key they share."""
 
 import pathlib
 
+import ml_collections
 import pytest
 from absl import flags
 
@@ -10,10 +12,69 @@ from sera_jax.settings.classification import task as classification_task
 from sera_jax.settings.maze import task as maze_task
 
 EXPERIMENT_CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "configs"
+# Other spellings of keys the configs share -> the one name every config uses.
+ALIASES = {"allocation": "method", "mode": "method", "num_generations": "baseline_n",
+           "n0": "baseline_n", "lr": "learning_rate", "max_grad_norm": "grad_clip_norm",
+           "clip_norm": "grad_clip_norm", "save_every": "checkpoint_every",
+           "max_to_keep": "checkpoints_to_keep", "rng_seed": "seed", "gamma": "discount",
+           "alpha": "alpha0", "beta": "beta0"}
+LOOP_CONFIGS = [name for name in configs.names()
+                if configs.load(name).get("task") in cli.LOOP_TASKS]
 
 
 def test_names_are_the_shipped_files():
-  assert configs.names() == ("default", "imagenet_resnet50", "maze", "maze17", "synthetic1000")
+  assert configs.names() == ("default", "gsm8k_qwen3", "imagenet_resnet50", "math", "maze",
+                             "maze17", "synthetic1000")
+  assert LOOP_CONFIGS == ["default", "imagenet_resnet50", "maze", "maze17", "synthetic1000"]
+
+
+def keys(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, object]:
+  """Every key of `config`, nested ones as "outer.inner", with its value."""
+  flat = {}
+  for key, value in config.items():
+    flat[prefix + key] = value
+    if isinstance(value, ml_collections.ConfigDict):
+      flat |= keys(value, f"{prefix}{key}.")
+  return flat
+
+
+def other_spellings(config: ml_collections.ConfigDict) -> list[str]:
+  """The keys of `config` spelt as an alias of a shared key, with the name to use."""
+  return [f"{key} (use {ALIASES[key.rpartition('.')[2]]})" for key in keys(config)
+          if key.rpartition(".")[2] in ALIASES]
+
+
+def test_the_spelling_check_finds_an_alias_at_any_depth():
+  config = ml_collections.ConfigDict({"baseline_n": 8, "num_generations": 8,
+                                      "learner": {"allocation": "sera", "method": "sera"}})
+  assert sorted(other_spellings(config)) == ["learner.allocation (use method)",
+                                             "num_generations (use baseline_n)"]
+
+
+@pytest.mark.parametrize("name", configs.names())
+def test_every_config_spells_the_shared_keys_alike(name):
+  assert other_spellings(configs.load(name)) == []
+
+
+def test_a_shared_key_has_one_type_in_every_config():
+  types = {}
+  for name in configs.names():
+    for key, value in keys(configs.load(name)).items():
+      types.setdefault(key, {}).setdefault(type(value).__name__, []).append(name)
+  assert {key: found for key, found in types.items() if len(found) > 1} == {}
+  assert {"method", "estimator", "baseline_n", "n_min", "n_max", "threshold", "discount",
+          "alpha0", "beta0", "learning_rate", "seed"} <= {
+              key for key, found in types.items() if sum(map(len, found.values())) > 1}
+
+
+def test_the_llm_configs_load_by_name():
+  gsm8k = configs.load("gsm8k_qwen3")
+  assert (gsm8k.task, gsm8k.method, gsm8k.baseline_n, gsm8k.batch_size) == ("gsm8k", "sera",
+                                                                             16, 256)
+  figure = configs.load("math")
+  assert (figure.method, figure.baseline_n, figure.learning_rates) == ("sera", 8,
+                                                                       (3e-4, 1e-3, 3e-3))
+  assert "task" not in figure  # a figure's experiment, not a `sera-jax train` run
 
 
 @pytest.mark.parametrize("name", configs.names())
@@ -32,7 +93,7 @@ def test_an_existing_file_wins_over_a_name(tmp_path, monkeypatch):
 
 
 def test_an_unknown_config_lists_the_shipped_names():
-  with pytest.raises(FileNotFoundError, match="default, imagenet_resnet50, maze"):
+  with pytest.raises(FileNotFoundError, match="default, gsm8k_qwen3, imagenet_resnet50, math"):
     configs.config_file("synthetic999")
 
 
@@ -61,7 +122,7 @@ def test_train_flags_default_and_bad_override():
 
 
 @pytest.mark.parametrize("num_devices", [1, 2, 4, 8, 16])
-@pytest.mark.parametrize("name", configs.names())
+@pytest.mark.parametrize("name", LOOP_CONFIGS)
 def test_every_shipped_config_passes_its_checks(name, num_devices):
   config = configs.load(name)
   if config.task == "classification":
@@ -121,3 +182,16 @@ def test_a_negative_seed_stops_the_command_before_it_writes(tmp_path):
   with pytest.raises(SystemExit, match="error: config.seed must be >= 0; got -1"):
     cli.main(["train", "--config.seed=-1", f"--workdir={tmp_path / 'run'}"])
   assert not list(tmp_path.iterdir())
+
+
+def test_train_refuses_a_figures_config_in_one_line(tmp_path):
+  with pytest.raises(SystemExit, match="task is one of classification, maze, gsm8k; got None"):
+    cli.main(["train", "--config", "math", f"--workdir={tmp_path / 'run'}"])
+  assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("flag", ["--workdir=runs/x", "--resume", "--multihost"])
+def test_a_gsm8k_run_takes_no_workdir_flags(flag):
+  with pytest.raises(SystemExit, match=f"error: {flag.split('=')[0]}: a gsm8k config trains "
+                                       f"in one process"):
+    cli.main(["train", "--config", "gsm8k_qwen3", flag])

@@ -228,7 +228,7 @@ def test_math_figure_smoke_reuses_finished_runs_and_refuses_other_settings(tmp_p
     if method == "sera - uniform":
       assert difference == pytest.approx(value["sera", k, s] - value["uniform", k, s], abs=2e-4)
   assert [int(r["k"]) for r in rows if r["method"] == "sera"] == list(math_figure.PASS_AT_K)
-  config = math_figure.get_config(tiny=True)
+  config = math_figure.load_config(tiny=True)
   aligned = _read_csv(tmp_path / "math_alignment_tiny.csv")
   steps = list(range(1, config.rl_steps + 1, config.align_every))
   assert [(r["method"], int(r["seed"]), int(r["step"])) for r in aligned] == [
@@ -262,7 +262,7 @@ def test_math_figure_chooses_each_arms_rate_on_validation_problems(tmp_path, mon
   """The best mean validation pass@1 over the tuning seeds wins, a tie goes to the smaller
   rate, and the held-out problems are never evaluated."""
   from sera_jax.harness.figures import math as math_figure
-  config = math_figure.get_config(tiny=True)
+  config = math_figure.load_config(tiny=True)
   config.learning_rates, config.tuning_seeds = (1e-3, 3e-3, 1e-2), (100, 101)
   best = {"sera": 3e-3, "uniform": None}  # uniform: every rate scores the same
 

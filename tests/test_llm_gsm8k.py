@@ -1,4 +1,5 @@
-"""The GSM8K config (the [llm] extra): its shipped keys, the exact reward, the data under
+"""The GSM8K setting (the [llm] extra): the shipped config `gsm8k_qwen3` and its translation
+into SeraConfig, `sera-jax train` on it, the exact reward, the data under
 `tfds.testing.mock_data`, the model and tokenizer read from a local or gs:// model_dir, and one
 SeraLearner step on a tiny random Qwen3 with a byte-level Hugging Face tokenizer."""
 
@@ -18,6 +19,9 @@ from tokenizers import decoders, pre_tokenizers
 from tunix.models.qwen3 import model as qwen3
 
 from sera_jax.common.tf import tensorflow
+from sera_jax.harness import cli, configs
+from sera_jax.harness.configs import gsm8k_qwen3
+from sera_jax.settings.llm import config as llm_config
 from sera_jax.settings.llm import gsm8k, tiny
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # Qwen's pad, turn start, EOS
@@ -101,16 +105,15 @@ def mocked_gsm8k():
 
 
 def test_the_shipped_config_is_the_papers_batch_and_builds_a_valid_sera_config():
-  config = gsm8k.get_config()
-  assert (config.batch_size, config.num_generations, config.n_min, config.n_max) == (256, 16,
-                                                                                     2, 64)
-  assert (config.allocation, config.estimator, config.temperature) == ("sera", "maxrl", 1.0)
+  config = configs.load("gsm8k_qwen3")
+  assert (config.batch_size, config.baseline_n, config.n_min, config.n_max) == (256, 16, 2, 64)
+  assert (config.method, config.estimator, config.temperature) == ("sera", "maxrl", 1.0)
   assert config.learning_rate == 1e-6 and config.optimizer == "adam"
   assert config.kv_cache_size >= config.max_prompt_length + config.max_tokens_to_generate
   with pytest.raises(AttributeError):
     config.batch_sise = 8  # locked: a misspelt key fails
-  sera = gsm8k.sera_config(config, gsm8k.GSM8K_TRAIN)
-  assert (sera.num_generations, sera.n_max, sera.dataset_size) == (16, 64, gsm8k.GSM8K_TRAIN)
+  sera = llm_config.sera_config(config, dataset_size=gsm8k_qwen3.GSM8K_TRAIN)
+  assert (sera.num_generations, sera.n_max, sera.dataset_size) == (16, 64, 7_473)
   model = gsm8k.preset_config(config)
   assert dataclasses.replace(model, dtype=np.float32, remat_config=qwen3.RematConfig.NONE) == \
       qwen3.ModelConfig.qwen3_1p7b()
@@ -120,6 +123,24 @@ def test_the_shipped_config_is_the_papers_batch_and_builds_a_valid_sera_config()
   config.model_preset = "qwen3_1p7b"
   with pytest.raises(ValueError, match="model_preset must be one of .*qwen2p5_7b"):
     gsm8k.preset_config(config)
+
+
+def test_the_config_keys_reach_the_sera_config_under_their_learner_names():
+  config = configs.load("gsm8k_qwen3")
+  assert set(llm_config.FIELDS) - set(config) == {"align_every"}  # no exact log p on GSM8K
+  config.update(method="uniform", baseline_n=8, estimator="grpo", threshold=0.1, discount=0.5,
+                alpha0=2.0, beta0=3.0, normalize_by_rho=True, rollout_seed=7,
+                generation_batch_size=64)
+  sera = llm_config.sera_config(config, dataset_size=100)
+  assert (sera.allocation, sera.num_generations, sera.estimator, sera.threshold) == (
+      "uniform", 8, "grpo", 0.1)
+  assert (sera.discount, sera.alpha0, sera.beta0, sera.normalize_by_rho) == (0.5, 2.0, 3.0, True)
+  assert (sera.rollout_seed, sera.generation_batch_size, sera.align_every) == (7, 64, 0)
+  with pytest.raises(TypeError, match="set config.method in the config"):
+    llm_config.sera_config(config, dataset_size=100, allocation="sera")
+  config.method = "greedy"
+  with pytest.raises(ValueError, match="greedy"):  # the learner validates what it is given
+    llm_config.sera_config(config, dataset_size=100)
 
 
 @pytest.mark.parametrize("completion, answer, reward", [
@@ -174,7 +195,7 @@ def test_an_unprepared_data_dir_says_how_to_prepare_it(tmp_path):
 ])
 def test_the_command_names_a_missing_or_misspelt_key(argv, message):
   with pytest.raises(SystemExit, match=message):
-    gsm8k.main(argv)
+    cli.main(["train", "--config", "gsm8k_qwen3", *argv])
 
 
 @pytest.mark.parametrize("storage", ["local", "gs"])
@@ -187,7 +208,7 @@ def test_the_model_and_tokenizer_load_from_model_dir(tmp_path, storage):
   tensors = _hf_checkpoint(np.random.default_rng(0))
   safetensors.numpy.save_file(tensors, str(directory / "model.safetensors"))
   _save_tokenizer(directory)
-  config = gsm8k.get_config()
+  config = configs.load("gsm8k_qwen3")
   config.model_dir = "gs://bucket/qwen3" if storage == "gs" else str(directory)
   mesh = gsm8k.make_mesh(config)
   if storage == "gs":
@@ -219,7 +240,7 @@ def test_the_model_and_tokenizer_load_from_model_dir(tmp_path, storage):
 
 
 def test_load_pretrained_names_a_missing_checkpoint(tmp_path):
-  config = gsm8k.get_config()
+  config = configs.load("gsm8k_qwen3")
   config.model_dir = str(tmp_path / "absent")
   mesh = gsm8k.make_mesh(config)
   with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -235,8 +256,8 @@ def test_one_sera_step_on_mocked_gsm8k_with_a_tiny_qwen3(tmp_path, mocked_gsm8k,
   """The shipped config shrunk to 4 problems x N0 = 4 and 8 new tokens, generated 8 and
   trained 2 prompts at a time: one real step, one optimizer step, with every decoder layer
   rematerialised as the config's model is."""
-  config = gsm8k.get_config()
-  config.update(data_dir=str(tmp_path / "tfds"), batch_size=4, num_generations=4, n_max=8,
+  config = configs.load("gsm8k_qwen3")
+  config.update(data_dir=str(tmp_path / "tfds"), batch_size=4, baseline_n=4, n_max=8,
                 num_steps=1, max_prompt_length=256, max_tokens_to_generate=8,
                 kv_cache_size=264, generation_batch_size=8, train_micro_batch_size=2)
   model = qwen3.Qwen3(dataclasses.replace(TINY, remat_config=qwen3.RematConfig.DECODER),

@@ -9,6 +9,8 @@
 
 With no arguments `train` runs the shipped config `default` (SERA on the
 embedded digits) into runs/default-sera. Shipped configs: CONFIGS.
+A gsm8k config trains through Tunix (the [llm] extra) and writes only to its
+config.checkpoint_dir and config.log_dir, so it takes no --workdir or --resume.
 Every figure writes its PNG and CSV into the directory --out (default
 docs/figures); `sera-jax COMMAND --help` lists a command's options.
 """
@@ -27,6 +29,7 @@ from sera_jax.harness import configs
 USAGE = __doc__.replace("CONFIGS", ", ".join(configs.names()))
 TRAIN_USAGE = "usage:" + USAGE.split("  sera-jax plot")[0].split("command.")[1].rstrip()
 FIGURES = ("budget", "scale", "ablations", "outcome", "maze", "math", "scaling")
+LOOP_TASKS = ("classification", "maze")  # sera_jax.harness.train's; "gsm8k" is Tunix's
 
 
 def train(argv: list[str]) -> None:
@@ -40,6 +43,14 @@ def train(argv: list[str]) -> None:
     values = configs.train_flags(argv)
   except (flags.Error, AttributeError, KeyError, ValueError, FileNotFoundError) as error:
     raise SystemExit(f"error: {error}") from None
+  task = values.config.get("task")
+  if task == "gsm8k":
+    train_llm(values)
+    return
+  if task not in LOOP_TASKS:
+    raise SystemExit(f"error: sera-jax train runs a config whose task is one of "
+                     f"{', '.join((*LOOP_TASKS, 'gsm8k'))}; got {task!r} (a figure's config, "
+                     f"like math, runs with `sera-jax figure`).")
   if values.multihost:
     from sera_jax.common import sharding
     sharding.initialize_distributed(values.coordinator, values.num_processes, values.process_id)
@@ -69,6 +80,28 @@ def train(argv: list[str]) -> None:
       if name in summary:
         print(f"mean {name}: {summary[name]:.4f}")
   print(f"outputs in {workdir}")
+
+
+def train_llm(values: flags.FlagValues) -> None:
+  """Trains a gsm8k config with SeraLearner (sera_jax.settings.llm.gsm8k), resuming from
+  config.checkpoint_dir when it holds checkpoints."""
+  loop_only = [f"--{name}" for name in ("workdir", "resume", "multihost") if values[name].present]
+  if loop_only:
+    raise SystemExit(f"error: {', '.join(loop_only)}: a gsm8k config trains in one process and "
+                     f"writes to config.checkpoint_dir (resumed when it holds checkpoints) and "
+                     f"config.log_dir.")
+  try:
+    from sera_jax.settings.llm import gsm8k
+  except ImportError as error:
+    raise SystemExit(f"error: a gsm8k config needs the [llm] extra "
+                     f"(pip install -e '.[llm]'): {error}") from None
+  try:
+    learner = gsm8k.train(values.config)
+  except (ValueError, TypeError, FileNotFoundError) as error:
+    raise SystemExit(f"error: {error}") from None
+  last = "none trained now" if learner.last_counts is None else learner.last_counts.tolist()
+  print(f"{learner.batches_seen} batches of {values.config.batch_size} problems allocated; "
+        f"the last one's rollouts per prompt: {last}")
 
 
 def plot(argv: list[str]) -> None:

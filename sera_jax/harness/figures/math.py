@@ -22,6 +22,7 @@ problems are the same for every seed.
   sera-jax figure math            # 4 arms x 10 seeds, after the learning-rate search
   sera-jax figure math --tiny     # a smoke run (seconds a run)
 
+The experiment is the shipped config `math` (sera_jax/harness/configs/math.py).
 Writes math_passk.{png,csv} (pass@k per seed, paired differences),
 math_alignment.{png,csv} (every seed's logged steps) and math_tuning.csv (the
 validation grid) into --out. Each finished run leaves its scores in --workdir
@@ -36,34 +37,28 @@ import textwrap
 import time
 
 import jax
-import ml_collections
 import numpy as np
 import optax
 
 from sera_jax.common import evaluation, files
 from sera_jax.common.plots import plt, save_figure
+from sera_jax.harness import configs
 from sera_jax.harness.figures import common
 
 NAME, ALIGNMENT, TUNING = "math_passk", "math_alignment", "math_tuning"
 PASS_AT_K = tuple(2**i for i in range(9))  # 1, 2, 4, ..., 256
 WARM_START = "warm start"
-# name: (allocation, estimator, where a batch's log p comes from)
+# name: (config.method, config.estimator, where a batch's log p comes from)
 METHODS = {"sera": ("sera", "maxrl", "historical"), "sera-exact": ("sera", "maxrl", "exact"),
            "uniform": ("uniform", "maxrl", "historical"), "grpo": ("uniform", "grpo", "historical")}
+ARM_KEYS = ("method", "estimator")  # the keys each arm sets; the rest is the config's
 ALIGNED = ("cos/realized", "cos/expected", "cos/uniform_expected", "exact_log_p/mean")
 REPORTED_K = (1, 16, 256)
 
 
-def get_config(tiny: bool = False) -> ml_collections.ConfigDict:
-  """The experiment: problem sets, decoder, warm start, RL budget, search grid and evaluation."""
-  config = ml_collections.ConfigDict(dict(
-      digits=3, warm_start_problems=2048, train_problems=1024, validation_problems=128,
-      held_out_problems=128,
-      model=dict(num_layers=2, embed_dim=64, hidden_dim=128, num_heads=4, head_dim=16),
-      warm_start_steps=800, warm_start_batch_size=128, warm_start_learning_rate=3e-3,
-      batch_size=32, baseline_n=8, n_min=2, n_max=32, rl_steps=128, align_every=8,
-      learning_rates=(3e-4, 1e-3, 3e-3), tuning_seeds=(100,), validation_samples=64,
-      eval_samples=256))
+def load_config(tiny: bool = False):
+  """The shipped config `math`, or (tiny) its smoke-run size."""
+  config = configs.load("math")
   if tiny:
     config.update(dict(warm_start_problems=256, train_problems=32, validation_problems=8,
                        held_out_problems=8, warm_start_steps=20, batch_size=8, baseline_n=4,
@@ -74,7 +69,7 @@ def get_config(tiny: bool = False) -> ml_collections.ConfigDict:
 
 def _decoder(config, seed: int):
   from sera_jax.settings.llm import tiny
-  return tiny.decoder(seed, **config.model)
+  return tiny.decoder(seed, **config.model_kwargs)
 
 
 def _pass_at_k(model, problems, num_samples: int, key: jax.Array) -> list[float]:
@@ -109,17 +104,18 @@ def reinforce(config, problems, warm_model, method: str, seed: int, learning_rat
 
   from sera_jax.settings.llm import arithmetic, learner, tiny
   from sera_jax.settings.llm import cluster as cluster_lib
+  from sera_jax.settings.llm import config as llm_config
   actor = _decoder(config, seed)
   nnx.update(actor, nnx.state(warm_model, nnx.Param))
   cluster = cluster_lib.build(actor, arithmetic.TOKENIZER, tiny.mesh(),
                               optimizer=optax.adam(learning_rate), max_steps=config.rl_steps,
                               rollout_config=arithmetic.rollout_config(config.digits))
-  allocation, estimator, log_p_source = METHODS[method]
+  arm_method, estimator, log_p_source = METHODS[method]
+  arm = config.copy_and_resolve_references()
+  arm.update(method=arm_method, estimator=estimator)
   sera = learner.SeraLearner(
-      cluster, learner.SeraConfig(
-          num_generations=config.baseline_n, n_min=config.n_min, n_max=config.n_max,
-          dataset_size=config.train_problems, allocation=allocation, estimator=estimator,
-          rollout_seed=seed, align_every=config.align_every,
+      cluster, llm_config.sera_config(
+          arm, dataset_size=config.train_problems, rollout_seed=seed,
           exact_log_p=arithmetic.batch_log_p,
           log_p_source=arithmetic.batch_log_p if log_p_source == "exact" else "historical"),
       arithmetic.exact_reward)
@@ -151,10 +147,11 @@ def _cached(path, settings: dict, compute) -> dict:
 
 
 def _run_settings(config, method: str | None = None, learning_rate: float | None = None) -> dict:
-  """What a run's result depends on: the experiment (less the search grid) and its rate."""
+  """What a run's result depends on: the experiment (less the search grid and the keys its arm
+  sets) and its rate."""
   settings = {key: value for key, value in config.to_dict().items()
-              if key not in ("learning_rates", "tuning_seeds")}
-  settings["model"] = dict(settings["model"])
+              if key not in ("learning_rates", "tuning_seeds", *ARM_KEYS)}
+  settings["model"] = settings.pop("model_kwargs")  # the name the cached runs record
   return settings if method is None else {**settings, "method": method,
                                           "learning_rate": learning_rate}
 
@@ -269,7 +266,7 @@ def main(argv: list[str] | None = None) -> None:
   except ImportError as error:
     raise SystemExit(f"error: sera-jax figure math needs the [llm] extra "
                      f"(pip install -e '.[llm]'): {error}") from None
-  config = get_config(args.tiny)
+  config = load_config(args.tiny)
   stem = "_tiny" * args.tiny
   workdir = files.path(args.workdir or f"runs/{NAME}{stem}")
   problems = arithmetic.split({"warm_start": config.warm_start_problems,

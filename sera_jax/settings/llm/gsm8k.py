@@ -1,29 +1,26 @@
 """GSM8K with a pretrained Qwen3 (or Qwen2) through `SeraLearner`: the paper's LLM setting.
 
-Sized for an accelerator host, not a CPU; run it with
+Sized for an accelerator host, not a CPU. Its config is the shipped `gsm8k_qwen3`
+(sera_jax/harness/configs), which `sera-jax train --config gsm8k_qwen3 --config.model_dir=DIR
+--config.data_dir=TFDS_DIR` trains, where DIR (local or gs://) holds the model's Hugging Face
+safetensors checkpoint and tokenizer files and TFDS_DIR holds gsm8k prepared by `tfds build
+gsm8k --data_dir=TFDS_DIR`. Nothing here downloads a model or a dataset.
 
-  python -m sera_jax.settings.llm.gsm8k --config.model_dir=DIR --config.data_dir=TFDS_DIR
-
-where DIR (local or gs://) holds the model's Hugging Face safetensors checkpoint and tokenizer
-files and TFDS_DIR holds gsm8k prepared by `tfds build gsm8k --data_dir=TFDS_DIR`. Nothing
-here downloads a model or a dataset.
-
-* `get_config`: every key of a run with its default (256 prompts x N0 = 16 rollouts a step).
 * Data: tfds "gsm8k" train split, read once into memory; each question with `INSTRUCTION` in
   the tokenizer's chat template, the answer the number after "####", the dataset index the
   example's position in the split, served M a step by `learner.epoch_batches`.
 * `exact_reward`: 1 when the last number of the completion equals the answer.
 * `load_pretrained`: the model through Tunix's safetensors loader of its family and the
   tokenizer through Tunix's Hugging Face adapter, both from config.model_dir.
-* `build_learner`, `train`, `main`: the RLCluster of `cluster.build` on a (fsdp, tp) mesh and
-  the learner; the model and tokenizer are seams, so the tests train a tiny stand-in.
+* `build_learner`, `train`: the RLCluster of `cluster.build` on a (fsdp, tp) mesh and the
+  learner, its SeraConfig from the config's keys (`sera_jax.settings.llm.config`); the model
+  and tokenizer are seams, so the tests train a tiny stand-in.
 """
 
 import contextlib
 import dataclasses
 import os
 import re
-import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from decimal import Decimal
@@ -33,10 +30,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-from absl import flags
 from etils import epath
 from flax import nnx
-from ml_collections import config_flags
 from tunix.generate import tokenizer_adapter
 from tunix.models.qwen2 import model as qwen2_model
 from tunix.models.qwen2 import params as qwen2_params
@@ -52,10 +47,10 @@ from sera_jax.common.data.tfds_images import (
 )
 from sera_jax.method import validation
 from sera_jax.settings.llm import cluster as cluster_lib
+from sera_jax.settings.llm import config as llm_config
 from sera_jax.settings.llm import learner as learner_lib
 
 GSM8K = "gsm8k"
-GSM8K_TRAIN = 7_473  # problems in tfds gsm8k's train split
 # Tunix's model module (ModelConfig presets, RematConfig) and safetensors loader of each family.
 FAMILIES = {"qwen3": (qwen3_model, qwen3_params), "qwen2": (qwen2_model, qwen2_params)}
 REMATS = ("none", "block", "decoder")
@@ -71,64 +66,6 @@ INSTRUCTION = ("Solve the problem step by step, then write the final answer as a
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 # A number; a sentence's final period is not a decimal point (a digit must follow it).
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-
-
-def get_config() -> ml_collections.ConfigDict:
-  """The run's keys and defaults (locked: a misspelt override fails before anything loads)."""
-  config = ml_collections.ConfigDict()
-  # Model: a Tunix ModelConfig preset of the family, weights and tokenizer from model_dir.
-  config.model_family = "qwen3"  # qwen3 | qwen2
-  config.model_preset = "qwen3_1p7b"  # a ModelConfig classmethod, e.g. qwen3_4b, qwen2p5_1p5b
-  config.model_dir = ""  # required: local or gs:// dir of *.safetensors + tokenizer files
-  config.param_dtype = "float32"  # trained weights: AdamW steps of 1e-6 vanish in bfloat16
-  config.dtype = "bfloat16"  # activations
-  config.remat = "decoder"  # none | block | decoder: recompute activations in the backward
-  # Data: tfds gsm8k, prepared beforehand in data_dir (may be gs://).
-  config.data_dir = ""  # required
-  config.seed = 0  # the order of the problems, epoch by epoch
-  config.enable_thinking = False  # passed to the chat template (Qwen3's thinking mode)
-  # SERA (docs/method.md#the-estimator-and-its-scale): M prompts a step, budget B = M * N0 rollouts.
-  config.batch_size = 256
-  config.num_generations = 16  # N0
-  config.n_min = 2
-  config.n_max = 64
-  config.threshold = 0.05
-  config.allocation = "sera"  # sera | equalized | uniform
-  config.estimator = "maxrl"
-  # Optimisation (sera_jax.common.optim): AdamW at a constant 1e-6, gradients clipped.
-  config.optimizer = "adam"  # AdamW with weight_decay
-  config.learning_rate = 1e-6
-  config.weight_decay = 0.0
-  config.schedule = "constant"  # constant | cosine
-  config.warmup_steps = 0
-  config.max_grad_norm = 1.0
-  config.num_steps = 10 * (GSM8K_TRAIN // config.batch_size)  # optimizer steps: 10 epochs
-  # Generation (Tunix's vanilla sampler).
-  config.max_prompt_length = 256  # tokens; a longer prompt fails when the data loads
-  config.max_tokens_to_generate = 1024
-  config.kv_cache_size = 1280  # >= max_prompt_length + max_tokens_to_generate
-  config.temperature = 1.0
-  # Stop tokens besides the tokenizer's EOS (Qwen's chat models: <|im_end|>, the end of a
-  # turn). None: SeraLearner trains the stop token each rollout sampled, which Tunix's sampler
-  # does not return, so it refuses a second one.
-  config.stop_tokens = ()
-  config.rollout_seed = 0  # each generation its own key (SeraConfig.rollout_seed)
-  # Memory: the budget B = 4096 rollouts is generated generation_batch_size at a time (the
-  # KV cache, whole on every device) and trained train_micro_batch_size prompts' rollouts at
-  # a time (gradients accumulate to one optimizer step a batch). The largest that fit
-  # Qwen3-1.7B on 8 devices of 80 GB with a fifth to spare, as benchmarks/llm_memory.py
-  # measures them (docs/scaling_llm.md): 256 rollouts need 49 GiB a device (512: 93), a
-  # micro-step of 4 prompts 47 GiB (8: 91). Qwen3-8B there: 128 and 1.
-  config.generation_batch_size = 256
-  config.train_micro_batch_size = 4
-  # Devices, checkpoints, metrics.
-  config.mesh_shape = (-1, 1)  # (fsdp, tp); -1: every device not used by tp
-  config.checkpoint_dir = ""  # Tunix checkpoints and the SERA estimator; resumed when present
-  config.save_every = 50
-  config.max_to_keep = 2
-  config.log_dir = ""  # TensorBoard events of Tunix's metrics
-  config.lock()
-  return config
 
 
 def _require(config: ml_collections.ConfigDict, key: str) -> None:
@@ -301,19 +238,10 @@ def make_mesh(config: ml_collections.ConfigDict) -> jax.sharding.Mesh:
   return cluster_lib.make_mesh((fsdp, tp))
 
 
-def sera_config(config: ml_collections.ConfigDict, dataset_size: int) -> learner_lib.SeraConfig:
-  """The learner's SeraConfig (validated when built) for `dataset_size` training problems."""
-  return learner_lib.SeraConfig(
-      num_generations=config.num_generations, n_min=config.n_min, n_max=config.n_max,
-      threshold=config.threshold, allocation=config.allocation, estimator=config.estimator,
-      dataset_size=dataset_size, rollout_seed=config.rollout_seed,
-      generation_batch_size=config.generation_batch_size)
-
-
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """The actor's optimizer: gradients clipped to config.max_grad_norm, then
+  """The actor's optimizer: gradients clipped to config.grad_clip_norm, then
   `sera_jax.common.optim`'s of the config (AdamW at a constant 1e-6 by default)."""
-  return optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+  return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm),
                      optim.make_optimizer(config))
 
 
@@ -336,7 +264,7 @@ def build_learner(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *,
   those mistakes fail at once.
 
   Args:
-    config: `get_config()`'s keys.
+    config: the keys of the shipped config `gsm8k_qwen3` (sera_jax/harness/configs).
     mesh: every role's mesh (`make_mesh`).
     model, tokenizer: the policy and its tokenizer; default (both None) config.model_dir's.
   """
@@ -350,7 +278,7 @@ def build_learner(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *,
     raise ValueError(f"config.kv_cache_size must be >= max_prompt_length + "
                      f"max_tokens_to_generate = {needed}; got {config.kv_cache_size}.")
   questions, answers = read_gsm8k(config.data_dir)
-  algo_config = sera_config(config, len(questions))
+  algo_config = llm_config.sera_config(config, dataset_size=len(questions))
   optimizer = make_optimizer(config)
   if model is None:
     model, tokenizer = load_pretrained(config, mesh)
@@ -361,7 +289,7 @@ def build_learner(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *,
       model, tokenizer, mesh, optimizer=optimizer, max_steps=config.num_steps,
       rollout_config=rollout_config(config, stop_ids(tokenizer, config.stop_tokens)),
       checkpoint_dir=config.checkpoint_dir or None,
-      save_every=config.save_every, max_to_keep=config.max_to_keep,
+      save_every=config.checkpoint_every, max_to_keep=config.checkpoints_to_keep,
       log_dir=config.log_dir or None, batch_size=config.batch_size,
       train_micro_batch_size=config.train_micro_batch_size)
   return learner_lib.SeraLearner(cluster, algo_config, exact_reward), train_batches
@@ -375,26 +303,3 @@ def train(config: ml_collections.ConfigDict, *, model: nnx.Module | None = None,
   with jax.set_mesh(mesh):
     learner.train(train_batches)
   return learner
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-  """`python -m sera_jax.settings.llm.gsm8k --config.KEY=VALUE ...` (argv without the program)."""
-  argv = ["sera_jax.settings.llm.gsm8k", *(sys.argv[1:] if argv is None else argv)]
-  values = flags.FlagValues()
-  try:  # config_flags reads the --config.KEY overrides when the flag is defined
-    config_flags.DEFINE_config_dict("config", get_config(), "the run's config (--config.KEY=...)",
-                                    flag_values=values, sys_argv=argv)
-    values(argv)
-  except (flags.Error, AttributeError, KeyError, ValueError) as error:
-    raise SystemExit(f"error: {error}") from None
-  try:
-    learner = train(values.config)
-  except (ValueError, TypeError, FileNotFoundError) as error:
-    raise SystemExit(f"error: {error}") from None
-  last = "none trained now" if learner.last_counts is None else learner.last_counts.tolist()
-  print(f"{learner.batches_seen} batches of {values.config.batch_size} problems allocated; "
-        f"the last one's rollouts per prompt: {last}")
-
-
-if __name__ == "__main__":
-  main()
