@@ -1,9 +1,13 @@
 """SERA inside Tunix (the [llm] extra): registered estimators, peer parity with Tunix's own
 GRPO learner, and a tiny decoder trained, stopped and resumed with SERA's allocation."""
 
+import ast
+import importlib.metadata
+import inspect
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +23,7 @@ from tunix.rl.grpo import grpo_learner
 import sera_jax
 from sera_jax.settings.llm import cluster as cluster_lib
 from sera_jax.settings.llm import learner as sera_llm
-from sera_jax.settings.llm import tiny
+from sera_jax.settings.llm import tiny, tunix_compat
 
 N0, M = 4, 4
 TRAIN = rl_cluster_lib.Mode.TRAIN
@@ -55,6 +59,36 @@ def test_sera_config_rejects_bad_values():
     sera_llm.SeraConfig(num_generations=N0)
   with pytest.raises(ValueError, match="num_iterations must be 1"):
     sera_llm.SeraConfig(num_generations=N0, dataset_size=16, num_iterations=2)
+
+
+def test_the_learner_passes_a_batch_by_return_values_not_thread_locals():
+  """Tunix prepares training data in an executor thread and evaluation data on the main one; a
+  batch's rewards, lengths and completions go back to the learner as return values."""
+  imported = set()
+  for node in ast.walk(ast.parse(inspect.getsource(sera_llm))):
+    if isinstance(node, ast.Import):
+      imported.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+      imported.add(node.module)
+  assert "tunix.rl.grpo" in imported  # the walk sees the module's imports
+  assert not imported & {"threading", "contextvars"}, imported
+
+
+def test_another_tunix_version_warns_in_one_line_what_to_rerun(monkeypatch):
+  tested = tunix_compat.TESTED_VERSION
+  monkeypatch.setattr(importlib.metadata, "version",
+                      lambda name: "0.1.99" if name == "google-tunix" else "0")
+  with pytest.warns(tunix_compat.TunixVersionWarning) as caught:
+    tunix_compat.check_version()
+  (message,) = [str(warning.message) for warning in caught]
+  assert "\n" not in message
+  assert f"google-tunix {tested}'s internals" in message and "0.1.99 is installed" in message
+  assert "tests/test_llm_exact.py" in message and f"google-tunix=={tested}" in message
+  monkeypatch.setattr(importlib.metadata, "version", lambda name: tested)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    tunix_compat.check_version()  # the tested version: silent
+
 
 def test_batches_cover_each_problem_once_an_epoch_in_a_fresh_seeded_order():
   columns = {"prompts": np.array([f"q{i}" for i in range(10)]),
@@ -125,7 +159,7 @@ def test_uniform_learner_equals_tunix_grpo_learner_on_the_same_rollouts(stock_es
     np.testing.assert_array_equal(got.completion_ids, with_eos)
     np.testing.assert_array_equal(np.asarray(got.completion_mask).sum(axis=1),
                                   stock_lengths + stopped)
-    assert 0 < float(jnp.mean(learner._rewards.value)) < 1  # mixed groups: nonzero advantages
+    assert 0 < float(jnp.mean(learner.last_rewards)) < 1  # mixed groups: nonzero advantages
     np.testing.assert_allclose(got.advantages, want.advantages, rtol=1e-6, atol=1e-6)
     loss, grads = _loss_and_grads(our_cluster, learner, got)
     want_loss, want_grads = _loss_and_grads(
@@ -426,7 +460,7 @@ def test_sequence_packing_is_refused():
 
 @pytest.mark.slow  # builds and runs a Tunix cluster: 10-40 s here
 def test_metric_fns_get_seras_advantages_and_prompt_mean_weighs_prompts_equally():
-  """Tunix calls metric_fns with its placeholder advantages (zeros); SeraLearner calls them
+  """Tunix's GRPO learner calls metric_fns with its own advantages; SeraLearner calls them
   with the advantages its loss trains. rewards/prompt_mean is the mean over the prompts of
   each one's success rate, where Tunix's rewards/score/mean is the mean over rollouts."""
   calls = []
@@ -446,7 +480,7 @@ def test_metric_fns_get_seras_advantages_and_prompt_mean_weighs_prompts_equally(
   batch = tiny.dataset(1, M)[0]
   with jax.set_mesh(tiny.mesh()):
     (example,) = learner._process_accumulated_batches([batch], [M], TRAIN)
-  counts, rewards = learner.last_counts, learner._rewards.value
+  counts, rewards = learner.last_counts, learner.last_rewards
   assert not (counts == N0).all() and 0 < rewards.mean() < 1
   (prompts, completions, advantages, got_rewards, idx), = calls
   np.testing.assert_array_equal(advantages, example.advantages)

@@ -12,42 +12,46 @@ Importing this module registers with Tunix's function registry:
 
 `SeraLearner` is Tunix's GRPO learner with the allocation of
 docs/method.md#the-estimator-and-its-scale: for each batch of M prompts it reads log p from the
-historical estimator keyed by each example's dataset index (frozen within an epoch; uniform
-counts until every prompt of the batch has an estimate), allocates counts with sum
-B = M * N0 (N0 = num_generations), repeats the prompts by their counts into
-exactly B generation requests, scores them, and trains on flat advantages with
-the prompt weights folded in, so the loss is
--(1 / (M N0)) sum_i w_q(i) A_i log pi(y_i). The estimator's state is saved
-inside every actor checkpoint (its custom metadata) and restored with it.
+historical estimator keyed by each example's dataset index (frozen within an epoch; a prompt
+without an estimate of its own gets the mean over the prompts seen), or from an oracle
+(`SeraConfig.log_p_source`), allocates counts with sum B = M * N0 (N0 = num_generations),
+uniform only while no prompt has been seen and for evaluation batches, repeats the prompts by
+their counts into exactly B generation requests, scores them, and trains on flat advantages
+with the prompt weights folded in, so the loss is -(1 / (M N0)) sum_i w_q(i) A_i log pi(y_i).
+The estimator's state is saved inside every actor checkpoint (its custom metadata) and
+restored with it.
 
 The learner runs on any ("fsdp", "tp") meshes of one controller process (one
 host, or a multi-host slice through Pathways), colocated or with the rollout on
 devices of its own. It refuses what would break the allocation or its 1/B
 normalisation: one process per host, a batch that Tunix would score or update
 in parts, sequence packing, and train micro-batches the fsdp axis cannot split.
+Beyond Tunix's public API it reaches Tunix only through `tunix_compat`.
 """
 
-import contextlib
 import dataclasses
 import itertools
-import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from tunix.rl import algo_core, function_registry
+from tunix.generate import utils as generate_utils
+from tunix.rl import algo_core, common, function_registry
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl import utils as rl_utils
 from tunix.rl.grpo import grpo_learner
 
 from sera_jax.method import allocation, estimators, flat, success, validation
+from sera_jax.settings.llm import tunix_compat
 
 BUDGET_NORM_LOSS = "sera_budget_norm"
 TOKEN_SUM_NORM = "sequence-mean-token-sum-norm"
+# SeraConfig's advantage_estimator: SeraLearner computes the flat advantages of its variable
+# groups itself, so no Tunix estimator runs (none is registered under this name).
 DEFERRED_ADVANTAGES = "sera_deferred"
 ESTIMATOR_KEY = "sera_estimator"  # in the custom metadata of every actor checkpoint
 
@@ -66,13 +70,6 @@ def _fixed_group_estimator(estimator: str):
 
 for _name in ("maxrl", "maxrl_plain"):
   function_registry.register_advantage_estimator(_name)(_fixed_group_estimator(_name))
-
-
-@function_registry.register_advantage_estimator(DEFERRED_ADVANTAGES)
-def deferred_advantages(rewards, **unused) -> np.ndarray:
-  """Placeholder advantages: SeraLearner computes the flat ones of its variable groups after
-  Tunix's scoring, so the fixed-group estimate Tunix would make there is skipped."""
-  return np.zeros(len(rewards), np.float32)
 
 
 @function_registry.register_policy_loss_fn(BUDGET_NORM_LOSS)
@@ -183,22 +180,40 @@ class SeraConfig(grpo_learner.GRPOConfig):
     return self.num_generations
 
 
-class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
+class Rollouts(NamedTuple):
+  """A batch's B rollouts, generated and scored (`SeraLearner.generate_and_score`).
+
+  Attributes:
+    example: their TrainExample as Tunix's GRPO learner makes it, but for advantages (None:
+      the caller's); its completion mask is Tunix's, the completion ids other than the pad id.
+    rewards: float32 [B], each rollout's reward (0 or 1).
+    lengths: [B], the tokens of each rollout's score: those sampled and, when it stopped, its
+      EOS.
+    completions: the B completions' text, as the reward functions read it.
+  """
+  example: common.TrainExample
+  rewards: np.ndarray
+  lengths: np.ndarray
+  completions: list[str]
+
+
+class SeraLearner(tunix_compat.WholeBatchLearner[SeraConfig]):
   """Tunix's GRPO learner with SERA's variable rollouts per prompt (see the module doc).
 
   One global step is one batch of M prompts trained as one optimizer step; the
   budget may be split into equal train micro-batches (gradient accumulation).
-  Tunix's metric_fns receive the advantages the loss trains, w_q(i) A_i (its own
-  call site would pass placeholders). Beside Tunix's rewards/score/mean, a mean
-  over rollouts that SERA's uneven counts tilt toward the prompts given more,
-  rewards/prompt_mean logs the mean over the prompts with rollouts of each
-  one's success rate, which compares across allocations.
+  Tunix's metric_fns receive the advantages the loss trains, w_q(i) A_i. Beside
+  Tunix's rewards/score/mean, a mean over rollouts that SERA's uneven counts tilt
+  toward the prompts given more, rewards/prompt_mean logs the mean over the
+  prompts with rollouts of each one's success rate, which compares across
+  allocations.
 
   Attributes:
     historical: the estimator state over the dataset's prompts.
     batches_seen: training batches allocated so far (epochs are dataset_size / M).
     last_counts: the counts of the latest training batch (int [M]).
     last_log_p: the log p its allocation used ([M]).
+    last_rewards: its rollouts' rewards (float32 [B]).
     last_alignment: the latest step's alignment metrics (see `alignment`), or None.
   """
 
@@ -215,66 +230,39 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
                        f"over a step), which sequence packing changes: leave "
                        f"max_seq_token_per_tpu None (got {packing}).")
     super().__init__(rl_cluster, algo_config, reward_fns, **kwargs)
-    # Tunix calls metric_fns with its placeholder advantages; this learner calls them
-    # itself once SERA's are made (`_log_metric_fns`).
-    self._metric_fns, self.metric_fns = self.metric_fns, []
-    # Training data is prepared in an executor thread while evaluation data is
-    # prepared on the main one: each thread keeps its own last rollouts.
-    self._rewards, self._lengths, self._completions = (threading.local(), threading.local(),
-                                                       threading.local())
     self.historical = success.historical_init(algo_config.dataset_size)
     self.batches_seen = 0
-    self.last_counts = self.last_log_p = self.last_alignment = None
+    self.last_counts = self.last_log_p = self.last_rewards = self.last_alignment = None
     self._evaluations = 0
-    self._generation_key, self._chunks = None, 0
     if algo_config.rollout_seed is not None:
-      self._seed_each_generation()
-    self._generate_without_remat()
-    self._score_what_was_sampled()
+      tunix_compat.seed_each_generation(self.rl_cluster.rollout)
     self._allocate_step = jax.jit(self._allocate_fn)
     self._finish_step = jax.jit(self._finish_fn, static_argnames="exact")
     self._loss_gradient = None  # jitted when first needed (alignment)
     self._stack_metrics = jax.jit(lambda metrics: jnp.stack(
         [jnp.asarray(metrics[name], jnp.float32) for name in sorted(metrics)]))
-    self._save_with_checkpoints()
+    # Every actor checkpoint holds the estimator it was trained with: a run killed at any
+    # moment resumes from a checkpoint that holds both.
+    tunix_compat.save_metadata_with_checkpoints(
+        self.rl_cluster.actor_trainer.checkpoint_manager, ESTIMATOR_KEY, self._estimator_state)
     self._restore_estimator()
 
-  # ---- the seams of Tunix's learner ---------------------------------------------------------
+  # ---- one batch: allocate, generate, score, train ------------------------------------------
 
-  def _num_generations(self) -> int:
-    return 1  # prompts are repeated by their counts in `_process_accumulated_batches`
-
-  def _compute_rewards(self, prompts, completions, mode, **kwargs):
-    rewards = np.asarray(super()._compute_rewards(prompts, completions, mode, **kwargs))
-    # Checked here, where they are concrete: inside the jitted steps a reward of 2
-    # (Tunix sums a list of reward functions) or 0.5 would be used as is.
-    bad = ~np.isin(rewards, (0.0, 1.0))
-    if bad.any():
-      raise ValueError(f"SERA needs binary rewards (0 or 1 per rollout; a list of reward "
-                       f"functions is summed); got {rewards[bad][0]!r}.")
-    self._rewards.value = rewards.astype(np.float32)
-    self._completions.value = completions
-    return rewards
-
-  def _compute_trajectory_ids(self, example, steps: int) -> list[str]:
-    return [f"{steps}_{row}" for row in range(len(example["prompts"]))]
-
-  def _process_accumulated_batches(self, micro_batches, micro_batch_sizes, mode):
-    if not micro_batches:
-      return []
+  def process_batch(self, batch: dict[str, Any], train_micro_batches: int,
+                    mode: rl_cluster_lib.Mode) -> list[common.TrainExample]:
+    """The batch's allocation, rollouts and advantages, in `train_micro_batches` equal slices
+    of its B rollouts; for a training batch, the estimator's update and the step's metrics."""
     config = self.algo_config
-    batch = {key: value for key, value in rl_utils.merge_micro_batches(micro_batches).items()
-             if key != "trajectory_ids"}
     ids = np.asarray(batch[config.index_key])
     if not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0 or \
         ids.max() >= config.dataset_size:
       raise ValueError(f"the batch's {config.index_key!r} must hold integer dataset indices in "
                        f"[0, dataset_size = {config.dataset_size}); got {ids.tolist()}.")
     budget = len(ids) * config.baseline_n
-    slices = len(micro_batch_sizes)
-    if budget % slices:
-      raise ValueError(f"the rollout budget B = {budget} must split into the {slices} train "
-                       f"micro-batches of a step.")
+    if budget % train_micro_batches:
+      raise ValueError(f"the rollout budget B = {budget} must split into the "
+                       f"{train_micro_batches} train micro-batches of a step.")
     chunk = config.generation_batch_size or budget
     if budget % chunk:
       raise ValueError(f"generation_batch_size ({chunk}) must divide the rollout budget "
@@ -289,28 +277,21 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
                                                    oracle_log_p)
     counts = np.asarray(alloc.counts)
     requests = jax.tree.map(lambda value: np.repeat(np.asarray(value), counts, axis=0), batch)
-    if config.rollout_seed is not None:
-      self._generation_key, self._chunks = self._batch_key(mode), 0
-    # Tunix generates rollout_micro_batch_size * N0 sequences at a time.
-    prompts_per_step, self._rollout_micro_batch_size = (self._rollout_micro_batch_size,
-                                                        chunk // config.num_generations)
-    try:
-      example = self._generate_and_compute_advantage(requests, mode)
-    finally:
-      self._rollout_micro_batch_size = prompts_per_step
+    rollouts = self.generate_and_score(requests, mode, chunk)
     advantages, mask, historical, metrics = self._finish_step(
-        historical, ids, self._rewards.value, self._lengths.value, alloc, log_p,
-        example.completion_mask, exact=oracle_log_p is not None)
-    example = example.replace(advantages=advantages, completion_mask=mask)
-    if self._metric_fns:
-      self._log_metric_fns(requests, np.asarray(advantages), mode)
-    size = budget // slices
-    slices = [example] if slices == 1 else [
+        historical, ids, rollouts.rewards, rollouts.lengths, alloc, log_p,
+        rollouts.example.completion_mask, exact=oracle_log_p is not None)
+    example = rollouts.example.replace(advantages=advantages, completion_mask=mask)
+    if self.metric_fns:
+      self._log_metric_fns(requests, rollouts, np.asarray(advantages), mode)
+    size = budget // train_micro_batches
+    slices = [example] if train_micro_batches == 1 else [
         rl_utils.get_batch_slice(example, slice(i * size, (i + 1) * size))
-        for i in range(slices)]
+        for i in range(train_micro_batches)]
     if training:
       self.historical, self.batches_seen = historical, self.batches_seen + 1
       self.last_counts, self.last_log_p = counts, np.asarray(log_p)
+      self.last_rewards = rollouts.rewards
       if config.align_every and (self.batches_seen - 1) % config.align_every == 0:
         self.last_alignment = self.alignment(batch, alloc, slices)
         metrics = {**metrics, **self.last_alignment}
@@ -321,36 +302,29 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
           mode=mode)
     return slices
 
-  def _run_global_step(self, full_batch_size: int, mini_batch_size: int,
-                       service_target_batch_size: int, grad_acc_steps: int, *args, **kwargs):
-    self._check_whole_batch(full_batch_size, mini_batch_size, service_target_batch_size,
-                            grad_acc_steps)
-    return super()._run_global_step(full_batch_size, mini_batch_size,
-                                    service_target_batch_size, grad_acc_steps, *args, **kwargs)
-
-  def _check_whole_batch(self, batch_size: int, mini_batch_size: int, scored_together: int,
-                         train_micro_batches: int) -> None:
+  def check_step(self, batch_size: int, mini_batch_size: int, scored_together: int,
+                 train_micro_batches: int) -> None:
     """Refuses micro-batch settings under which SERA would not allocate (and train) a batch
     whole, with Tunix's sizes as `RLLearner.train` resolved them.
 
     Tunix scores `scored_together` prompts (the least common multiple of the
-    rollout and log-prob micro-batch sizes) in one `_process_accumulated_batches`
-    call, and updates the actor after every mini-batch; both must be the batch.
-    Each train micro-batch's rows must split over the actor's data axes, which
-    Tunix would otherwise replicate on every device.
+    rollout and log-prob micro-batch sizes) in one `process_batch` call, and
+    updates the actor after every mini-batch; both must be the batch. Each train
+    micro-batch's rows must split over the actor's data axes, which Tunix would
+    otherwise replicate on every device.
     """
-    training = self._training_config
+    training = self.rl_cluster.cluster_config.training_config
     if mini_batch_size != batch_size:
       raise ValueError(f"SERA allocates and trains all M = {batch_size} prompts of a batch as "
                        f"one optimizer step; mini_batch_size = {mini_batch_size} would make "
                        f"{batch_size // mini_batch_size} steps of it: leave mini_batch_size None "
                        f"or set it to the batch size.")
     if scored_together != batch_size:
+      rollout, logps = self.micro_batch_sizes
       raise ValueError(f"SERA allocates over all M = {batch_size} prompts of a batch, but Tunix "
                        f"would hand the learner {scored_together} at a time (the least common "
-                       f"multiple of rollout_micro_batch_size = {self._rollout_micro_batch_size} "
-                       f"and compute_logps_micro_batch_size = "
-                       f"{self._compute_logps_micro_batch_size}, which default to "
+                       f"multiple of rollout_micro_batch_size = {rollout} and "
+                       f"compute_logps_micro_batch_size = {logps}, which default to "
                        f"train_micro_batch_size): set rollout_micro_batch_size to the batch "
                        f"size (the sampler's chunk is SeraConfig.generation_batch_size).")
     budget = batch_size * self.algo_config.baseline_n
@@ -363,14 +337,79 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
                        f"divide, so Tunix would replicate it on every device: choose "
                        f"batch_size, num_generations and train_micro_batch_size so they do.")
 
-  def _log_metric_fns(self, requests: dict[str, Any], advantages: np.ndarray, mode) -> None:
+  def generate_and_score(self, requests: dict[str, np.ndarray], mode: rl_cluster_lib.Mode,
+                         chunk: int) -> Rollouts:
+    """Generates a rollout of each request, `chunk` at a time, and scores it.
+
+    As Tunix's GRPO learner does (its `_generate_and_compute_advantage`, which this learner
+    does not call), with the model's rematerialisation off (`tunix_compat.without_remat`),
+    each chunk sampled with its own key when rollout_seed is set (`_batch_key`), and the
+    score of what was sampled: Tunix's sampler returns a completion up to, not including,
+    its first EOS, and its learner masks completion ids equal to the pad id, so the EOS that
+    ended a rollout would never be trained (nor survive a tokenizer whose pad id is its EOS
+    id). A rollout shorter than max_tokens_to_generate stopped at an EOS, which goes back
+    after its tokens; a rollout of max_tokens_to_generate was cut off and has none. The
+    returned lengths count both, and `process_batch` masks each row by its length, so
+    log pi(y) is the score of the whole sampled sequence.
+    """
+    cluster = self.rl_cluster
+    rollout_config = cluster.get_rollout_config(mode)
+    if rollout_config.eos_tokens is not None and len(rollout_config.eos_tokens) > 1:
+      raise ValueError("SeraLearner trains the stop token each rollout sampled, which the "
+                       "sampler does not return: give one EOS, not eos_tokens = "
+                       f"{rollout_config.eos_tokens}.")
+    prompts = list(requests["prompts"])
+    key = self._batch_key(mode) if self.algo_config.rollout_seed is not None else None
+    with tunix_compat.without_remat(cluster.rollout.model()), tunix_compat.chunk_keys(key):
+      output = cluster.generate(prompts=prompts, mode=mode, micro_batch_size=chunk)
+    pad, eos = cluster.rollout.pad_id(), cluster.rollout.eos_id()
+    limit = rollout_config.max_tokens_to_generate
+    tokens = [np.append(row, np.asarray(eos, row.dtype)) if len(row) < limit else row
+              for row in output.tokens]
+    completion_ids = np.array([generate_utils.pad_to_length(row, target_length=limit,
+                                                            pad_value=pad, left=False)
+                               for row in tokens])
+    prompt_ids = jnp.array(output.left_padded_prompt_tokens)
+    stock_mask = np.not_equal(completion_ids, pad)
+    completion_ids = jnp.array(completion_ids)
+    reference = None
+    if self.algo_config.beta != 0.0:
+      reference = cluster.get_ref_per_token_logps(
+          prompt_tokens=prompt_ids, completion_tokens=completion_ids, pad_id=pad, eos_id=eos,
+          micro_batch_size=self.micro_batch_sizes[1] * self.algo_config.num_generations)
+    rewards = np.asarray(self.compute_rewards(
+        prompts, output.text, mode, **{k: v for k, v in requests.items() if k != "prompts"}))
+    # Checked here, where they are concrete: inside the jitted steps a reward of 2
+    # (Tunix sums a list of reward functions) or 0.5 would be used as is.
+    bad = ~np.isin(rewards, (0.0, 1.0))
+    if bad.any():
+      raise ValueError(f"SERA needs binary rewards (0 or 1 per rollout; a list of reward "
+                       f"functions is summed); got {rewards[bad][0]!r}.")
+    stock_lengths = stock_mask.sum(axis=-1)
+    cluster.buffer_metrics({
+        "rewards/score/mean": (np.mean(rewards), np.mean),
+        "rewards/score/max": (np.max(rewards), np.max),
+        "rewards/score/min": (np.min(rewards), np.min),
+        "completions/mean_length": (np.mean(stock_lengths), np.mean),
+        "completions/max_length": (np.max(stock_lengths), np.max),
+        "completions/min_length": (np.min(stock_lengths), np.min),
+    }, mode=mode)
+    example = common.TrainExample(
+        prompt_ids=prompt_ids, prompt_mask=prompt_ids != pad, completion_ids=completion_ids,
+        completion_mask=jnp.array(stock_mask), advantages=None,
+        ref_per_token_logps=reference, old_per_token_logps=None)
+    return Rollouts(example, rewards.astype(np.float32), np.array([len(row) for row in tokens]),
+                    output.text)
+
+  def _log_metric_fns(self, requests: dict[str, Any], rollouts: Rollouts,
+                      advantages: np.ndarray, mode) -> None:
     """Buffers Tunix's metric_fns of the batch's rollouts with the advantages the loss trains,
-    called as Tunix's learner calls them (its call site gets no metric_fns)."""
+    called as Tunix's learner calls them."""
     columns = {key: value for key, value in requests.items() if key != "prompts"}
-    for metric_fn in self._metric_fns:
+    for metric_fn in self.metric_fns:
       self.rl_cluster.buffer_metrics(
-          metric_fn(prompts=list(requests["prompts"]), completions=self._completions.value,
-                    advantages=advantages, rewards=self._rewards.value, **columns), mode=mode)
+          metric_fn(prompts=list(requests["prompts"]), completions=rollouts.completions,
+                    advantages=advantages, rewards=rollouts.rewards, **columns), mode=mode)
 
   def _batch_key(self, mode) -> jax.Array:
     """The generation key of the next batch in `mode`: training batches by their count,
@@ -380,27 +419,6 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
       self._evaluations += 1
     key = jax.random.fold_in(jax.random.PRNGKey(self.algo_config.rollout_seed), int(training))
     return jax.random.fold_in(key, self.batches_seen if training else self._evaluations)
-
-  def _seed_each_generation(self) -> None:
-    """Gives every generate call of the rollout (one per chunk of a batch) its own key.
-
-    Tunix passes one RolloutConfig to every chunk and its sampler donates the
-    seed's buffer, so each call gets a fresh key folded from the batch's.
-    """
-    rollout = self.rl_cluster.rollout
-    generate = rollout.generate
-
-    def generate_with_own_key(prompts, rollout_config, **kwargs):
-      if self._generation_key is not None:
-        # The first chunk draws with (a copy of: the sampler donates it) the batch's key
-        # itself, so one call a batch samples exactly as before chunks had keys of their own.
-        key = (jax.random.fold_in(self._generation_key, self._chunks) if self._chunks
-               else jnp.copy(self._generation_key))
-        self._chunks += 1
-        rollout_config = dataclasses.replace(rollout_config, seed=key)
-      return generate(prompts, rollout_config, **kwargs)
-
-    rollout.generate = generate_with_own_key
 
   # ---- allocation and the historical estimator (jitted) -------------------------------------
 
@@ -433,8 +451,8 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     step's allocation metrics.
 
     The mask holds each row's first `lengths` tokens, the score of what was sampled
-    (its tokens and, when it stopped, its EOS; see `_score_what_was_sampled`), in
-    place of Tunix's mask of the tokens that differ from the pad id.
+    (its tokens and, when it stopped, its EOS; see `generate_and_score`), in place
+    of Tunix's mask of the tokens that differ from the pad id.
     """
     config = self.algo_config
     num_prompts = ids.shape[0]
@@ -456,50 +474,6 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
       seen = historical.seen[ids]
       metrics["p_estimate/unseen_fraction"] = 1.0 - jnp.mean(seen.astype(jnp.float32))
     return weighted, mask.astype(stock_mask.dtype), staged, metrics
-
-  # ---- generation ---------------------------------------------------------------------------
-
-  def _generate_without_remat(self) -> None:
-    """Generates with the rollout model's rematerialisation off (`without_remat`)."""
-    cluster = self.rl_cluster
-    generate = cluster.generate
-
-    def generate_without_remat(*args, **kwargs):
-      with without_remat(cluster.rollout.model()):
-        return generate(*args, **kwargs)
-
-    cluster.generate = generate_without_remat
-
-
-  def _score_what_was_sampled(self) -> None:
-    """Gives back each stopped rollout's EOS, and records every rollout's length.
-
-    Tunix's sampler returns a completion up to, not including, its first EOS,
-    and its learner masks completion ids equal to the pad id: the EOS that ended
-    a rollout would never be trained (nor survive a tokenizer whose pad id is
-    its EOS id). A rollout shorter than max_tokens_to_generate stopped at an
-    EOS, which goes back after its tokens; a rollout of max_tokens_to_generate
-    was cut off and has none. `_process_accumulated_batches` masks each row by
-    its recorded length, so log pi(y) is the score of the whole sampled sequence.
-    """
-    cluster = self.rl_cluster
-    generate = cluster.generate
-
-    def generate_with_eos(prompts, *args, mode=rl_cluster_lib.Mode.TRAIN, **kwargs):
-      output = generate(prompts, *args, mode=mode, **kwargs)
-      rollout_config = cluster.get_rollout_config(mode)
-      if rollout_config.eos_tokens is not None and len(rollout_config.eos_tokens) > 1:
-        raise ValueError("SeraLearner trains the stop token each rollout sampled, which the "
-                         "sampler does not return: give one EOS, not eos_tokens = "
-                         f"{rollout_config.eos_tokens}.")
-      eos = cluster.rollout.eos_id()
-      limit = rollout_config.max_tokens_to_generate
-      tokens = [np.append(row, np.asarray(eos, row.dtype)) if len(row) < limit else row
-                for row in output.tokens]
-      self._lengths.value = np.array([len(row) for row in tokens])
-      return dataclasses.replace(output, tokens=tokens)
-
-    cluster.generate = generate_with_eos
 
   # ---- alignment with the exact gradient ----------------------------------------------------
 
@@ -565,12 +539,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     """[P] the step's ascent gradient: minus the gradient of the very loss Tunix trains on,
     averaged over the train micro-batches (as its optimizer accumulates them), flattened."""
     if self._loss_gradient is None:
-      trainer = self.rl_cluster.actor_trainer
-
-      def loss(model, example):
-        out = trainer.loss_fn(model, **trainer.gen_model_input_fn(example))
-        return out[0] if trainer._has_aux else out
-
+      loss = tunix_compat.training_loss(self.rl_cluster.actor_trainer)
       self._loss_gradient = nnx.jit(nnx.grad(loss))
     model = self.rl_cluster.actor_trainer.model
     grads = [jax.flatten_util.ravel_pytree(self._loss_gradient(model, example))[0]
@@ -578,26 +547,6 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     return -sum(grads) / len(grads)
 
   # ---- the estimator's state inside the actor's checkpoints ---------------------------------
-
-  def _save_with_checkpoints(self) -> None:
-    """Puts the estimator's state in the custom metadata of every actor checkpoint.
-
-    Orbax writes a step's metadata into the step's temporary directory and
-    finalizes both with one rename, so the estimator is never behind (or ahead
-    of) the actor it was saved with: a run killed at any moment resumes from a
-    checkpoint that holds both. Tunix's own last save (on close) passes no
-    metadata; it gets the estimator too.
-    """
-    manager = self.rl_cluster.actor_trainer.checkpoint_manager
-    save = manager.save
-
-    def save_actor_and_estimator(step, *args, force=False, custom_metadata=None, **kwargs):
-      orbax = manager._checkpoint_manager  # None when the run has no checkpoint directory
-      if orbax is not None and (force or orbax.should_save(step)):
-        custom_metadata = {**(custom_metadata or {}), ESTIMATOR_KEY: self._estimator_state()}
-      return save(step, *args, force=force, custom_metadata=custom_metadata, **kwargs)
-
-    manager.save = save_actor_and_estimator
 
   def _estimator_state(self) -> dict[str, Any]:
     """The historical estimator and the batch counters, as JSON (floats round-trip exactly)."""
@@ -611,7 +560,7 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     step = trainer.train_steps
     if not step:
       return
-    saved = dict(trainer._restored_custom_metadata.get(ESTIMATOR_KEY) or {})
+    saved = dict(tunix_compat.restored_metadata(trainer).get(ESTIMATOR_KEY) or {})
     root = self.rl_cluster.cluster_config.training_config.checkpoint_root_directory
     if not saved:
       raise ValueError(f"the actor checkpoint of step {step} in {root} holds no SERA estimator "
@@ -628,28 +577,6 @@ class SeraLearner(grpo_learner.GRPOLearner[SeraConfig]):
     self.historical = success.HistoricalState(**{
         name: jnp.asarray(saved[name], getattr(empty, name).dtype)
         for name in success.HistoricalState._fields})
-
-
-@contextlib.contextmanager
-def without_remat(model: nnx.Module) -> Iterator[None]:
-  """Traces `model` without rematerialisation (remat_config NONE) inside the block.
-
-  Tunix 0.1.7's sampler merges the model inside the body of its decode loop,
-  where a layer under nnx.remat raises TraceContextError; rematerialisation
-  only saves memory for a backward pass, which generation does not take.
-  Tunix's models read config.remat_config when traced, from one config their
-  layers share. A model without one is left as it is.
-  """
-  config = getattr(model, "config", None)
-  remat = getattr(config, "remat_config", None)
-  if remat is None:
-    yield
-    return
-  config.remat_config = type(remat).NONE
-  try:
-    yield
-  finally:
-    config.remat_config = remat
 
 
 def epoch_batches(columns: dict[str, np.ndarray], batch_size: int,
