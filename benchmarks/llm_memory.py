@@ -121,7 +121,7 @@ def _measure(config, model_config, mesh, train_micro_batches, generation_batches
 
   from sera_jax.harness.configs import gsm8k_qwen3
   from sera_jax.settings.llm import config as llm_config
-  from sera_jax.settings.llm import gsm8k, tiny
+  from sera_jax.settings.llm import gsm8k, tiny, tunix_compat
   from sera_jax.settings.llm import learner as learner_lib
 
   n0, prompt, completion = (config.baseline_n, config.max_prompt_length,
@@ -185,7 +185,7 @@ def _measure(config, model_config, mesh, train_micro_batches, generation_batches
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   resident = _shard_gib(opt_state)
   for generation in generation_batches:
-    with learner_lib.without_remat(model):
+    with tunix_compat.without_remat(model):
       state = jax.eval_shape(lambda ids: sampler.init_sample_state(
           ids, total_sampling_steps=prompt + completion, include_logits=False,
           forbidden_token_ids=None, temperature=config.temperature, top_p=1.0, top_k=None,
