@@ -1,6 +1,9 @@
 """The training loop end to end: CLI, outputs, resume after SIGKILL, bad input, ImageNet config."""
 
+import collections
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +17,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import tensorflow_datasets as tfds
+from etils.epath import gpath
 
 from sera_jax.common import files
 from sera_jax.common.tf import tensorflow
@@ -96,7 +100,7 @@ def test_a_bucket_run_killed_resumed_plotted_and_skipped_by_sweep(tmp_path, monk
     workdir = files.path(run.workdir)
     assert str(workdir).startswith("gs://bucket/sweep/")
     assert {path.name for path in workdir.iterdir()} == {
-        "metrics.jsonl", "config.json", "checkpoints", "tensorboard", "alignment.png"}
+        "metrics", "config.json", "checkpoints", "tensorboard", "alignment.png"}
     assert (workdir / "checkpoints" / "12").is_dir()
     assert len(list((workdir / "tensorboard").iterdir())) == 2  # one event file per leg
     cli.main(["plot", run.workdir, "--out", "gs://bucket/figures/run.png"])
@@ -263,6 +267,153 @@ def test_a_corrupted_checkpoint_stops_the_command_and_its_advice_resumes(tmp_pat
   (workdir / "checkpoints" / "6").rename(tmp_path / "corrupt-6")
   assert _cli("train", f"--workdir={workdir}", *TINY).returncode == 0
   assert [row["step"] for row in train.read_metrics(str(workdir))] == list(range(6))
+
+
+def _toy_config(num_steps):
+  """The loop over `_PoisonedUpdateTask`: a checkpoint every 2 steps, all of them kept."""
+  return ml_collections.ConfigDict(dict(task="toy", method="toy", seed=0, num_steps=num_steps,
+                                        eval_every=0, checkpoint_every=2,
+                                        checkpoints_to_keep=10))
+
+
+def _toy_rows(num_steps):
+  """The rows of an uninterrupted toy run: w = 1 + step in each of 3 entries, loss = sum(w)."""
+  return [{"step": step, "loss": 3.0 + 3 * step} for step in range(num_steps)]
+
+
+def _run_to_six_with_step_four_latest(workdir):
+  """A toy run of 6 steps whose latest checkpoint is step 4: rows 4 and 5 lie past it."""
+  task = _PoisonedUpdateTask(poison_step=-1)
+  assert train.run(_toy_config(6), workdir, task=task) == _toy_rows(6)
+  (files.path(workdir) / train.CHECKPOINT_DIR / "6").rmtree()
+  return task
+
+
+_KILLED = 86  # the exit status of a writer the hook below ended
+# Trains the toy task in WORKDIR to NUM_STEPS under the bucket double (it passes local paths
+# through unchanged) and ends the process, as SIGKILL would (no cleanup, buffered writes lost),
+# the moment it has opened a metrics file of WORKDIR for writing.
+_KILL_AS_METRICS_OPEN = """
+import os, sys
+from unittest import mock
+import gcs_double
+from etils.epath import gpath
+from test_train import _PoisonedUpdateTask, _toy_config
+from sera_jax.harness import train
+
+root, workdir, num_steps, killed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+with gcs_double.serve(root):
+  backend = gpath._PREFIX_TO_BACKEND[None]  # the double's, which serves every scheme
+  opened = backend.open
+
+  def open_then_die(path, mode):
+    handle = opened(path, mode)
+    if "w" in mode and os.fspath(path).startswith(workdir + "/metrics"):
+      os._exit(killed)
+    return handle
+
+  with mock.patch.object(backend, "open", open_then_die):
+    train.run(_toy_config(num_steps), workdir, task=_PoisonedUpdateTask(poison_step=-1))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_no_row_is_lost_when_a_resumed_run_is_killed_as_it_opens_its_metrics(tmp_path, where):
+  """The resumed leg is killed (in a subprocess) the moment it has opened a metrics file for
+  writing, before anything is flushed: every row stored before is still read back, and the
+  next resume ends with the rows of an uninterrupted run."""
+  root = str(tmp_path / "storage")
+  workdir = "gs://bucket/run" if where == "bucket" else str(tmp_path / "run")
+  with gcs_double.serve(root):
+    task = _run_to_six_with_step_four_latest(workdir)
+  killed = subprocess.run(
+      [sys.executable, "-c", _KILL_AS_METRICS_OPEN, root, workdir, "8", str(_KILLED)],
+      cwd=os.path.dirname(__file__), capture_output=True, text=True, timeout=600)
+  assert killed.returncode == _KILLED, f"not killed at the open:\n{killed.stderr[-2000:]}"
+  with gcs_double.serve(root):
+    assert train.read_metrics(workdir) == _toy_rows(6)
+    assert train.run(_toy_config(8), workdir, task=task) == _toy_rows(8)
+    assert train.read_metrics(workdir) == _toy_rows(8)
+
+
+class _Uploads:
+  """A writable object of the bucket double that records what a real store would upload: the
+  whole object at each flush or close that follows new data (as TensorFlow's GCS files do)."""
+
+  def __init__(self, file, uploaded: list[int]):
+    self._file, self._uploaded, self._written, self._stored = file, uploaded, 0, 0
+
+  def write(self, data):
+    self._written += len(data)
+    return self._file.write(data)
+
+  def writelines(self, lines):
+    for line in lines:
+      self.write(line)
+
+  def flush(self):
+    self._file.flush()
+    if self._written > self._stored:
+      self._uploaded.append(self._written)
+      self._stored = self._written
+
+  def close(self):
+    self.flush()
+    self._file.close()
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc_info):
+    self.close()
+
+  def __getattr__(self, name):
+    return getattr(self._file, name)
+
+
+def test_a_bucket_run_uploads_each_metrics_row_once(tmp_path, monkeypatch):
+  workdir = "gs://bucket/run"
+  uploads = collections.defaultdict(list)  # object -> the sizes of its uploads
+  monkeypatch.setattr(train, "FLUSH_SECONDS", -1.0)  # a flush after every row, too
+  with gcs_double.serve(str(tmp_path / "storage")):
+    backend = gpath._PREFIX_TO_BACKEND["gs"]
+    opened = backend.open
+
+    def recording_open(path, mode):
+      handle = opened(path, mode)
+      if "w" in mode and os.fspath(path).startswith(f"{workdir}/metrics"):
+        return _Uploads(handle, uploads[os.fspath(path)])
+      return handle
+
+    monkeypatch.setattr(backend, "open", recording_open)
+    task = _run_to_six_with_step_four_latest(workdir)
+    assert train.run(_toy_config(8), workdir, task=task) == _toy_rows(8)
+    assert train.read_metrics(workdir) == _toy_rows(8)
+  assert uploads and all(len(sizes) == 1 for sizes in uploads.values()), dict(uploads)
+  # Rows 4 and 5 are written twice: by the first leg, then redone by the resumed one.
+  rows = _toy_rows(6) + _toy_rows(8)[4:]
+  assert sum(sum(sizes) for sizes in uploads.values()) == sum(
+      len(json.dumps(row)) + 1 for row in rows)
+
+
+def test_a_row_cut_short_by_a_kill_is_no_row_and_is_redone(tmp_path):
+  task = _run_to_six_with_step_four_latest(str(tmp_path))
+  (part,) = (tmp_path / train.METRICS_DIR).iterdir()
+  part.write_text(part.read_text()[:-10])  # a kill in the middle of the last row's write
+  assert train.read_metrics(str(tmp_path)) == _toy_rows(5)
+  assert train.run(_toy_config(6), str(tmp_path), task=task) == _toy_rows(6)
+  assert train.read_metrics(str(tmp_path)) == _toy_rows(6)
+
+
+def test_a_run_of_an_earlier_version_resumes_without_rewriting_its_metrics_jsonl(tmp_path):
+  task = _run_to_six_with_step_four_latest(str(tmp_path))
+  legacy = tmp_path / train.LEGACY_METRICS_FILE
+  legacy.write_text("".join(json.dumps(row) + "\n" for row in _toy_rows(6)))
+  shutil.rmtree(tmp_path / train.METRICS_DIR)
+  assert train.run(_toy_config(8), str(tmp_path), task=task) == _toy_rows(8)
+  assert train.read_metrics(str(tmp_path)) == _toy_rows(8)
+  assert legacy.read_text() == "".join(json.dumps(row) + "\n" for row in _toy_rows(6))
 
 
 def test_tensorboard_events_read_back_with_the_logged_scalars(tmp_path):

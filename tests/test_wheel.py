@@ -15,6 +15,8 @@ import tomllib
 
 import pytest
 
+from sera_jax.harness import train
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
@@ -89,7 +91,7 @@ def test_train_runs_the_default_config(installed):
   bin_dir, env, cwd = installed
   out = _run([str(bin_dir / "sera-jax"), "train", "--config.num_steps=3"], cwd, env)
   assert "outputs in runs/default-sera" in out
-  assert (cwd / "runs" / "default-sera" / "metrics.jsonl").read_text().count("\n") == 3
+  assert [row["step"] for row in train.read_metrics(cwd / "runs" / "default-sera")] == [0, 1, 2]
 
 
 def test_train_takes_a_shipped_config_by_name(installed):

@@ -4,7 +4,7 @@ import json
 import os
 
 from sera_jax.common import files
-from sera_jax.harness.train import CONFIG_FILE, METRICS_FILE, read_metrics
+from sera_jax.harness.train import CONFIG_FILE, METRICS_DIR, read_metrics
 from sera_jax.settings.classification.plots import plot_alignment
 
 
@@ -41,7 +41,7 @@ def plot_runs(run_dirs: list[str], path: str, *, window: int = 20) -> list[str]:
   for run_dir in run_dirs:
     rows = read_metrics(run_dir)
     if not rows:
-      raise FileNotFoundError(f"no metric rows in {run_dir}/{METRICS_FILE}")
+      raise FileNotFoundError(f"no metric rows in {run_dir}/{METRICS_DIR}")
     config_path = files.path(run_dir) / CONFIG_FILE
     configs.append(json.loads(config_path.read_text()) if config_path.exists() else {})
     runs.append(rows)

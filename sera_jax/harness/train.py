@@ -8,8 +8,8 @@ A task (classification as RL, maze navigation) is an object with
   write_figures(workdir, rows)        figures drawn from the metric rows
 
 `run` drives it: it restores the latest Orbax checkpoint of the workdir if
-there is one, runs to config.num_steps, appends one JSON object per step to
-metrics.jsonl and to TensorBoard, saves checkpoints every
+there is one, runs to config.num_steps, writes one JSON object per step to
+metrics/ (`read_metrics` reads them back) and to TensorBoard, saves checkpoints every
 config.checkpoint_every steps and stops on non-finite metrics or a non-finite
 new state (parameters, optimizer state: any floating leaf), before that state
 can be saved, keeping the last good checkpoint. Batches and RNG depend only on
@@ -21,10 +21,12 @@ Every file goes through `sera_jax.common.files` (etils.epath), so the workdir
 may be a bucket URL (gs://...) as well as a local path; Orbax gets it unchanged.
 """
 
+import contextlib
 import json
 import logging
 import math
 import os
+import re
 import shutil
 import socket
 import sys
@@ -48,7 +50,10 @@ from tensorboard.summary.writer import record_writer
 from sera_jax.common import files
 from sera_jax.method import validation
 
-METRICS_FILE = "metrics.jsonl"
+METRICS_DIR = "metrics"
+# Where runs of earlier versions kept their rows in one file; read before metrics/.
+LEGACY_METRICS_FILE = "metrics.jsonl"
+METRICS_PART = re.compile(r"(\d+)-(\d+)\.jsonl")  # metrics/<leg>-<part>.jsonl
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
 TENSORBOARD_DIR = "tensorboard"
@@ -93,35 +98,60 @@ class TensorBoardWriter:
     self._records.close()
 
 
-class MetricLog:
-  """The writing process's metrics: metrics.jsonl (one JSON object per step) and TensorBoard.
+def _metric_parts(directory: epath.Path) -> list[tuple[int, int, epath.Path]]:
+  """(leg, part, file) of every part in `directory`/metrics, in the order they were written."""
+  folder = directory / METRICS_DIR
+  if not folder.exists():
+    return []
+  found = [(match, path) for path in folder.iterdir()
+           if (match := METRICS_PART.fullmatch(path.name))]
+  return sorted((int(match[1]), int(match[2]), path) for match, path in found)
 
-  An object store has no append, so each is one file opened for this leg of the run and
-  stored whole at every flush; metrics.jsonl starts with the rows kept from earlier legs.
-  Flushes happen before every checkpoint (so a checkpoint's rows are stored first) and
-  at least every FLUSH_SECONDS.
+
+class MetricLog:
+  """The writing process's metrics: parts of metrics/ (one JSON object a line) and TensorBoard.
+
+  Nothing stored is ever rewritten or truncated, so a kill at any moment loses only rows
+  not yet flushed: steps after the last checkpoint, which the resumed run redoes. Each leg
+  of a run (its start, every resume) writes parts after the earlier legs' ones, and
+  `read_metrics` lets a leg's rows replace the earlier rows of their steps and later ones.
+  A local part is a file the leg keeps appending to; an object store has no append (an
+  object is uploaded whole), so on a bucket every flush closes its part, uploading the rows
+  since the previous flush once, and the next rows start a new part. Flushes happen before
+  every checkpoint (so a checkpoint's rows are stored first) and at least every
+  FLUSH_SECONDS. TensorBoard gets one event file a leg, stored whole at each flush.
   """
 
-  def __init__(self, workdir: epath.PathLike, kept_rows: list[dict]):
+  def __init__(self, workdir: epath.PathLike):
     workdir = files.path(workdir)
-    self._metrics = (workdir / METRICS_FILE).open("w")
-    self._metrics.writelines(json.dumps(row) + "\n" for row in kept_rows)
+    self._folder = workdir / METRICS_DIR
+    self._folder.mkdir(parents=True, exist_ok=True)
+    self._leg = 1 + max((leg for leg, _, _ in _metric_parts(workdir)), default=-1)
+    self._part, self._file = 0, None
+    self._part_per_flush = files.is_url(workdir)
     self._events = TensorBoardWriter(workdir / TENSORBOARD_DIR)
     self.flush()
 
   def write(self, row: dict) -> None:
-    self._metrics.write(json.dumps(row) + "\n")
+    if self._file is None:  # opened at the first row: a leg without rows leaves no part
+      self._file = (self._folder / f"{self._leg:04d}-{self._part:06d}.jsonl").open("w")
+    self._file.write(json.dumps(row) + "\n")
     self._events.write(row["step"], {name: value for name, value in row.items() if name != "step"})
     if time.monotonic() - self._flushed > FLUSH_SECONDS:
       self.flush()
 
   def flush(self) -> None:
-    self._metrics.flush()
+    if self._file is not None and self._part_per_flush:
+      self._file.close()
+      self._file, self._part = None, self._part + 1
+    elif self._file is not None:
+      self._file.flush()
     self._events.flush()
     self._flushed = time.monotonic()
 
   def close(self) -> None:
-    self._metrics.close()
+    if self._file is not None:
+      self._file.close()
     self._events.close()
 
 
@@ -257,12 +287,33 @@ def build_task(config: ml_collections.ConfigDict) -> Task:
   raise ValueError(f"config.task must be 'classification' or 'maze'; got {config.task!r}.")
 
 
+def _stored_rows(text: str) -> list[dict]:
+  """The rows of the JSON lines `text`; a last line a kill cut short (never valid JSON) is none."""
+  *lines, last = text.split("\n")
+  rows = [json.loads(line) for line in lines if line.strip()]
+  with contextlib.suppress(json.JSONDecodeError):  # "" after the last newline, or a cut row
+    rows.append(json.loads(last))
+  return rows
+
+
 def read_metrics(workdir: epath.PathLike) -> list[dict]:
-  """The metric rows of a run directory (local or a URL), in step order."""
-  path = files.path(workdir) / METRICS_FILE
-  if not path.exists():
-    return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  """The metric rows of a run directory (local or a URL): one a step, in step order.
+
+  The stored rows are read in the order they were written (the metrics.jsonl of a run by an
+  earlier version first, then the parts of metrics/), and each row replaces the rows before
+  it of its step and later steps: those a resumed leg redoes.
+  """
+  directory = files.path(workdir)
+  legacy = directory / LEGACY_METRICS_FILE
+  stored = [legacy] if legacy.exists() else []
+  stored += [path for _, _, path in _metric_parts(directory)]
+  rows = []
+  for path in stored:
+    for row in _stored_rows(path.read_text()):
+      while rows and rows[-1]["step"] >= row["step"]:
+        rows.pop()
+      rows.append(row)
+  return rows
 
 
 def _is_floating(leaf) -> bool:
@@ -348,7 +399,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     # Rows after the checkpoint we resume from are dropped: those steps are redone.
     rows = [row for row in read_metrics(directory) if row["step"] < start]
     files.write_text(directory / CONFIG_FILE, config.to_json_best_effort(indent=2))
-    log = MetricLog(directory, rows)
+    log = MetricLog(directory)
   else:
     rows = []
   progress = tqdm.tqdm(range(start, config.num_steps), initial=start, total=config.num_steps,

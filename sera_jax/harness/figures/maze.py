@@ -20,7 +20,7 @@ Writes maze_passk.png and maze_passk.csv (mean, std, 95% interval and every
 seed's value at the chosen rates, and the paired differences to uniform) and
 maze_passk_rates.png and maze_passk_rates.csv (the whole grid: validation and
 held-out pass@k of every tuning run) into --out, and one training workdir per
-run under --workdir (metrics.jsonl, TensorBoard, checkpoints; a run of the same
+run under --workdir (metrics/, TensorBoard, checkpoints; a run of the same
 config is resumed or read back, one of another config stops the figure).
 --tiny names its files maze_passk_tiny* and trains under runs/maze_passk_tiny.
 """

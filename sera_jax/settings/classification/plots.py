@@ -58,7 +58,7 @@ def plot_alignment(runs: list[tuple[str, list[dict]]], path: str, *, window: int
   smoothed lines over the faint raw points.
 
   Args:
-    runs: (label, metric rows) per run; rows as in metrics.jsonl.
+    runs: (label, metric rows) per run; rows as a run writes them to metrics/.
     path: output PNG path.
     window: moving-average window of the smoothed lines.
     csv_path: also write the plotted series there (see `alignment_series`).

@@ -9,7 +9,7 @@ def plot_runs(runs: list[tuple[str, list[dict]]], path: str, *, window: int = 20
   """Training success rate over steps (left) and each run's last pass@k (right).
 
   Args:
-    runs: (label, metric rows) per run; rows as in metrics.jsonl.
+    runs: (label, metric rows) per run; rows as a run writes them to metrics/.
     path: output PNG path.
     window: moving-average window of the success-rate curves.
   """
