@@ -3,7 +3,15 @@
 from importlib import metadata
 
 from sera_jax.method.allocation import MODES, Allocation, allocate, clamp_log_p, max_count
-from sera_jax.method.estimators import ESTIMATORS, advantages, expected_scale, policy_loss
+from sera_jax.method.estimators import (
+    ESTIMATORS,
+    advantages,
+    estimator_spec,
+    expected_scale,
+    policy_loss,
+    register_estimator,
+    registered_estimators,
+)
 from sera_jax.method.flat import (
     flat_advantages,
     flat_policy_loss,
@@ -53,6 +61,7 @@ __all__ = [
     "clamp_log_p",
     "coverage",
     "estimate_logit_grad",
+    "estimator_spec",
     "exact_logit_grad",
     "expected_logit_grad",
     "expected_scale",
@@ -72,6 +81,8 @@ __all__ = [
     "pilot_budget_split",
     "pilot_log_p",
     "policy_loss",
+    "register_estimator",
+    "registered_estimators",
     "rollout_segments",
     "rollout_weights",
     "sample_rollouts",

@@ -4,6 +4,9 @@ See docs/method.md#the-estimator-and-its-scale and docs/method.md#weights-and-th
 """
 
 import functools
+import importlib.util
+import math
+import pathlib
 
 import chex
 import jax
@@ -13,7 +16,8 @@ import pytest
 from absl.testing import parameterized
 from scipy import stats
 
-from sera_jax.method import scaling
+import sera_jax
+from sera_jax.method import estimators, scaling
 from sera_jax.method.estimators import ESTIMATORS, advantages, expected_scale, policy_loss
 
 EPS = 1e-6
@@ -301,3 +305,302 @@ def test_policy_loss_ignores_padded_slots():
 def test_policy_loss_rejects_bad_input(weights, baseline_n, mask, error, match):
   with pytest.raises(error, match=match):
     policy_loss(jnp.zeros(REWARDS.shape), jnp.zeros(REWARDS.shape), mask, weights, baseline_n)
+
+
+# --- estimators as values: the registry, the peers' formulas, user functions ------------------
+#
+# Every registered estimator is checked at these parameters (two values of each parameter).
+
+PARAMS = {"maclaurin": ({"order": 3}, {"order": 8}),
+          "maclaurin_baseline": ({"order": 3}, {"order": 12}),
+          "pkpo": ({"k": 1}, {"k": 4})}
+CASES = [(name, params) for name in estimators.registered_estimators()
+         for params in PARAMS.get(name, ({},))]
+CASE_IDS = [name + "".join(f"-{key}{value}" for key, value in params.items())
+            for name, params in CASES]
+
+
+def _peer_by_hand(name, r, n, successes, **params):
+  """The peers' advantage of one rollout written out from their sources, with math.comb."""
+  mu = successes / n
+  f = n - successes
+  if name == "drgrpo":
+    return r - mu if n >= 2 else 0.0
+  if name == "one_sided_grpo":
+    return (r - mu) / (np.sqrt(mu) + EPS)
+  if name == "clipped_pnorm":
+    mu = mu if n > 1 else 0.0  # the source's mean of a one-rollout group
+    return (r - mu) / max(mu, 0.125) / n
+  if name == "p_normalization_std":
+    return (r - mu) / (np.sqrt(mu * (1 - mu)) + EPS) / (mu + EPS)
+  if name == "maclaurin":
+    order = params["order"]
+    if r:
+      return 1 / n
+    return -sum(math.comb(f - 1, j - 1) / math.comb(n - 1, j - 1)
+                for j in range(2, min(order, f) + 1)) / n
+  if name == "maclaurin_baseline":
+    order = params["order"]
+    success, failure = 1 / n, 0.0
+    for j in range(2, min(order, n - 1) + 1):
+      ratio = math.comb(f, j) / (math.comb(n, j) - 1)
+      success += ratio / n
+      failure += ratio * (1 / n - 1 / f) if f else 0.0
+    if order >= n >= 2 and f == n:
+      failure -= 1 / n
+    return success if r else failure
+  assert name == "pkpo"
+  order = params["k"]
+  if n < order:
+    return 0.0
+  share = math.comb(f, order - 1) / math.comb(n - 1, order - 1)
+  return r * share if n == 1 else (n * r * share - successes * share) / (n - 1)
+
+
+# Ragged groups padded to 7: n = 1 (K = 1 and K = 0), n = 2, n = 5 with K = 3, 0 and 5, n = 7.
+RAGGED = [[1], [0], [1, 0], [1, 1, 0, 0, 1], [0] * 5, [1] * 5, [1, 0, 1, 0, 0, 0, 1]]
+RAGGED_REWARDS = np.array([g + [0] * (7 - len(g)) for g in RAGGED], np.float32)
+RAGGED_MASK = np.array([[j < len(g) for j in range(7)] for g in RAGGED])
+
+
+class RegisteredEstimatorsTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*[case for case in CASES if case[0] not in ESTIMATORS])
+  def test_peer_formulas_match_their_sources_on_ragged_groups(self, name, params):
+    fn = self.variant(functools.partial(advantages, estimator=name, eps=EPS, **params))
+    got = np.asarray(fn(jnp.asarray(RAGGED_REWARDS), jnp.asarray(RAGGED_MASK)))
+    want = np.zeros(RAGGED_REWARDS.shape)
+    for q, group in enumerate(RAGGED):
+      want[q, :len(group)] = [_peer_by_hand(name, r, len(group), sum(group), **params)
+                              for r in group]
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6, err_msg=name)
+    assert np.all(got[~RAGGED_MASK] == 0)
+
+
+@pytest.mark.slow
+class ExpectedScaleOfEveryEstimatorTest(parameterized.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(*CASES)
+  def test_expected_scale_of_every_estimator_jits(self, name, params):
+    log_p = jnp.log(jnp.asarray([1e-3, 0.2, 0.5, 0.97]))[:, None]
+    n = jnp.arange(0, 9)[None, :]
+    fn = self.variant(functools.partial(expected_scale, name, max_n=8, **params))
+    got = fn(log_p, n)
+    chex.assert_shape(got, (4, 9))
+    assert np.isfinite(got).all() and np.all(got[:, 0] == 0)
+    np.testing.assert_allclose(got, expected_scale(name, log_p, n, **params), rtol=1e-6,
+                               atol=1e-7)
+
+
+@pytest.mark.parametrize(("name", "params"), CASES, ids=CASE_IDS)
+def test_flat_buffers_give_the_padded_advantages(name, params):
+  rewards, mask = RAGGED_REWARDS, RAGGED_MASK
+  flat = sera_jax.flat_advantages(rewards[mask], np.nonzero(mask)[0].astype(np.int32),
+                                  num_prompts=len(RAGGED), estimator=name, **params)
+  padded = advantages(rewards, mask, estimator=name, **params)
+  np.testing.assert_allclose(flat, np.asarray(padded)[mask], rtol=2.5e-7, atol=1e-7)
+
+
+def _every_reward_pattern(max_n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Every 0/1 pattern of every group size n <= max_n, padded to max_n: rewards, mask, n."""
+  rewards, mask, sizes = [], [], []
+  for n in range(1, max_n + 1):
+    bits = (np.arange(2**n)[:, None] >> np.arange(n)) & 1
+    rewards.append(np.pad(bits, ((0, 0), (0, max_n - n))))
+    mask.append(np.broadcast_to(np.arange(max_n) < n, (2**n, max_n)))
+    sizes.append(np.full(2**n, n))
+  return (np.concatenate(rewards).astype(np.float64), np.concatenate(mask),
+          np.concatenate(sizes))
+
+
+ENUMERATED_N = 12
+ENUMERATED_P = (1e-3, 0.05, 0.3, 0.5, 0.7, 0.95, 0.999)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "params"), CASES, ids=CASE_IDS)
+def test_expected_scale_equals_the_enumeration_of_every_reward_pattern(name, params, capsys):
+  """c(p, n) = E[(1/n) sum_j A_j S_j] / grad log p, summed over all 2^n patterns of n <= 12:
+  a pattern has probability p^K (1 - p)^(n - K), its advantages come from `advantages`, and
+  E[S_j | r_j] is grad log p for a success and -p / (1 - p) grad log p for a failure."""
+  rewards, mask, sizes = _every_reward_pattern(ENUMERATED_N)
+  successes = rewards.sum(1)
+  worst = 0.0
+  with jax.enable_x64(True):
+    adv = np.asarray(advantages(rewards, mask, estimator=name, eps=EPS, **params))
+    for p in ENUMERATED_P:
+      mean_score = np.where(rewards > 0, 1.0, -p / (1 - p)) * mask
+      probability = p**successes * (1 - p)**(sizes - successes)
+      want = np.bincount(sizes - 1, weights=probability * (adv * mean_score).sum(1) / sizes)
+      got = np.asarray(expected_scale(name, np.log(p), np.arange(1, ENUMERATED_N + 1), eps=EPS,
+                                      **params))
+      worst = max(worst, float(np.max(np.abs(got - want))))
+      np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, err_msg=(name, params, p))
+  with capsys.disabled():
+    print(f"\n{name} {params}: largest |expected_scale - enumeration| = {worst:.1e}")
+
+
+def _maclaurin_baseline_scale(p, n, order):
+  terms = 1 + sum(math.comb(n, j) * (n - j) / (n * (math.comb(n, j) - 1)) * (1 - p)**(j - 1)
+                  for j in range(2, min(order, n - 1) + 1))
+  return p / n * (terms + ((1 - p)**(n - 1) if order >= n >= 2 else 0))
+
+
+def _pkpo_scale(p, n, k):
+  if n < k:
+    return 0 * p
+  if n == 1:
+    return p
+  return p * (1 - p)**(k - 2) * ((1 - p) + (k - 1) * p / (n - 1))
+
+
+# The closed forms the registry states (`EstimatorEntry.scale`), written out: c(p, n) at eps = 0.
+CLOSED_FORMS = {
+    "maxrl": lambda p, n: 1 - (1 - p)**(n - 1),
+    "maxrl_plain": lambda p, n: 1 - (1 - p)**n,
+    "rloo": lambda p, n: p if n >= 2 else 0 * p,
+    "reinforce": lambda p, n: (1 - 1 / n) * p,
+    "drgrpo": lambda p, n: (1 - 1 / n) * p,
+    "maclaurin": lambda p, n, order: (1 - (1 - p)**min(order, n)) / n,
+    "maclaurin_baseline": _maclaurin_baseline_scale,
+    "pkpo": _pkpo_scale,
+}
+
+
+def test_every_stated_closed_form_is_written_out_here():
+  stated = {name for name, entry in estimators.registered_estimators().items() if entry.scale}
+  assert stated == set(CLOSED_FORMS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "params"), [case for case in CASES if case[0] in CLOSED_FORMS],
+                         ids=[i for i, case in zip(CASE_IDS, CASES, strict=True)
+                              if case[0] in CLOSED_FORMS])
+def test_the_stated_closed_forms_equal_expected_scale(name, params):
+  p = np.concatenate([np.geomspace(1e-4, 0.5, 9), 1 - np.geomspace(0.5, 1e-4, 9)[1:]])
+  sizes = np.arange(1, 17)
+  with jax.enable_x64(True):
+    got = np.asarray(expected_scale(name, np.log(p)[:, None], sizes, eps=0.0, **params))
+  for column, n in enumerate(sizes.tolist()):
+    np.testing.assert_allclose(got[:, column], CLOSED_FORMS[name](p, n, **params), rtol=1e-10,
+                               atol=1e-15, err_msg=(name, params, n))
+
+
+def test_the_registry_holds_seras_estimators_each_with_a_source():
+  registry = sera_jax.registered_estimators()
+  assert set(ESTIMATORS) <= set(registry)
+  assert {"drgrpo", "maclaurin", "maclaurin_baseline", "pkpo", "one_sided_grpo",
+          "clipped_pnorm", "p_normalization_std"} <= set(registry)
+  for name, entry in registry.items():
+    assert entry.name == name and entry.source and entry.formula
+    for objective in entry.objectives:
+      estimators.resolve_objective(objective, 8, {"order": 8, "k": 4})
+  with pytest.raises(TypeError):
+    registry["ppo"] = registry["maxrl"]  # read-only
+
+
+def test_an_estimator_and_its_parameters_compile_once():
+  traces = []
+
+  def scaled(reward, group_size, successes, *, weight):
+    traces.append(weight)  # runs when jit traces, not when the compiled program runs
+    return weight * (reward - successes / group_size)
+
+  for _ in range(3):
+    got = advantages(REWARDS, MASK, estimator=scaled, weight=2.0)
+  assert traces == [2.0]
+  np.testing.assert_allclose(got, 2 * _by_hand("reinforce"), rtol=1e-6, atol=1e-6)
+  advantages(REWARDS, MASK, estimator=scaled, weight=3.0)
+  assert traces == [2.0, 3.0]
+  for call in (functools.partial(expected_scale, scaled, np.log(0.3), 4, weight=2.0),
+               functools.partial(sera_jax.flat_advantages, [1.0, 0.0], [0, 0], num_prompts=1,
+                                 estimator=scaled, weight=2.0)):
+    call()
+    traced = len(traces)
+    call()
+    call()
+    assert len(traces) == traced
+  assert estimators.estimator_spec("pkpo", k=4) == estimators.estimator_spec("pkpo", k=np.int64(4))
+  assert estimators.estimator_spec("pkpo", k=4) != estimators.estimator_spec("pkpo", k=3)
+  spec = estimators.estimator_spec("maclaurin", order=8)
+  assert hash(spec) == hash(estimators.estimator_spec("maclaurin", order=8))
+  assert str(spec) == "maclaurin(order=8)"
+  np.testing.assert_array_equal(advantages(REWARDS, MASK, estimator=spec),
+                                advantages(REWARDS, MASK, estimator="maclaurin", order=8))
+
+
+def test_a_user_function_takes_eps_when_it_asks_for_it():
+  def centered(reward, group_size, successes, eps):
+    mean = successes / group_size
+    return jnp.where(successes > 0, (reward - mean) / (mean + eps), 0.0)
+
+  for eps in (1e-6, 0.5):
+    np.testing.assert_allclose(advantages(REWARDS, MASK, estimator=centered, eps=eps),
+                               advantages(REWARDS, MASK, estimator="maxrl", eps=eps), rtol=1e-6)
+    with jax.enable_x64(True):
+      np.testing.assert_allclose(expected_scale(centered, np.log(0.2), 6, eps=eps),
+                                 expected_scale("maxrl", np.log(0.2), 6, eps=eps), rtol=1e-12)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    (dict(estimator="pkpo"), TypeError, r"'pkpo' needs the keyword parameter\(s\) k"),
+    (dict(estimator="pkpo", k=2, order=3), TypeError, r"'pkpo' has no parameter 'order'"),
+    (dict(estimator="maclaurin", order=np.array(3)), TypeError, r"static .* order must be a "
+     r"hashable value"),
+    (dict(estimator="maclaurin", order=0), ValueError, r"order must be >= 1"),
+    (dict(estimator="pkpo", k=2.0), TypeError, r"k must be an int"),
+    (dict(estimator=lambda r, n: r), TypeError, r"a\(reward, group_size, successes, \*\*params\)"),
+    (dict(estimator=3), TypeError, r"a registered name or a function"),
+    (dict(estimator="dr_grpo"), ValueError, r"estimator must be one of .*'drgrpo'.*'dr_grpo'"),
+])
+def test_estimator_arguments_are_checked(kwargs, error, match):
+  with pytest.raises(error, match=match):
+    advantages(REWARDS, MASK, **kwargs)
+
+
+@pytest.fixture
+def registry(monkeypatch):
+  """The registry, restored after the test."""
+  monkeypatch.setattr(estimators, "_REGISTRY", dict(estimators._REGISTRY))
+  return estimators
+
+
+def _halved_rloo(reward, group_size, successes, *, scale=0.5):
+  return scale * jnp.where(group_size > 1, reward - (successes - reward) / (group_size - 1), 0.0)
+
+
+def test_a_registered_estimator_is_used_by_name(registry):
+  sera_jax.register_estimator("halved_rloo", _halved_rloo, source="this test",
+                              objectives=("p",), formula="RLOO / 2", scale="p / 2")
+  entry = sera_jax.registered_estimators()["halved_rloo"]
+  assert entry.source == "this test" and entry.objectives == ("p",)
+  np.testing.assert_allclose(advantages(REWARDS, MASK, estimator="halved_rloo"),
+                             0.5 * _by_hand("rloo"), rtol=1e-6)
+  np.testing.assert_allclose(expected_scale("halved_rloo", np.log(0.3), 5, scale=0.25), 0.075,
+                             rtol=1e-5)
+  sera_jax.register_estimator("halved_rloo", _halved_rloo, source="this test, again")
+  assert sera_jax.registered_estimators()["halved_rloo"].source == "this test, again"
+
+
+@pytest.mark.parametrize(("name", "kwargs", "match"), [
+    ("maxrl", dict(source="x"), r"'maxrl' is registered already"),
+    ("mine", dict(source=" "), r"source must say where the formula comes from"),
+    ("mine", dict(source="x", objectives=("likelihood",)), r"objective must be"),
+    ("mine", dict(source="x", objectives=("pass@k",)), r"names the parameter 'k'"),
+])
+def test_registration_is_checked(registry, name, kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    sera_jax.register_estimator(name, _halved_rloo, **kwargs)
+
+
+@pytest.mark.slow
+def test_the_scale_benchmark_times_the_name_and_the_function_alike():
+  path = pathlib.Path(__file__).parents[1] / "benchmarks" / "estimator_scale.py"
+  spec = importlib.util.spec_from_file_location("estimator_scale", path)
+  benchmark = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(benchmark)
+  result = benchmark.measure(prompts=64, max_n=8, repeats=1)
+  assert result["max_relative_difference"] < 1e-6
+  assert result["name_s"] > 0 and result["function_s"] > 0

@@ -12,6 +12,7 @@ padded agree exactly.
 """
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +61,8 @@ def _check_buffer(segment_ids, num_prompts: int, **per_slot) -> None:
 
 
 def flat_advantages(rewards: jax.Array, segment_ids: jax.Array, *, num_prompts: int,
-                    estimator: str = "maxrl", eps: float = 1e-6) -> jax.Array:
+                    estimator: "str | Callable | estimators.Estimator" = "maxrl",
+                    eps: float = 1e-6, **params) -> jax.Array:
   """Per-rollout advantages of a flat buffer.
 
   See docs/method.md#the-estimator-and-its-scale and docs/method.md#llm-post-training.
@@ -73,13 +75,15 @@ def flat_advantages(rewards: jax.Array, segment_ids: jax.Array, *, num_prompts: 
     rewards: [B] rewards, each 0 or 1.
     segment_ids: int [B], the prompt of each rollout, in [0, num_prompts) (any order).
     num_prompts: M (static).
-    estimator: one of `sera_jax.ESTIMATORS`.
+    estimator: as in `sera_jax.advantages`: a registered name, a function
+      a(reward, group_size, successes), or an `Estimator`.
     eps: as in `sera_jax.advantages`.
+    **params: the estimator's keyword parameters (static), as in `sera_jax.advantages`.
 
   Returns:
     [B] advantages in the floating dtype of `rewards` (float32 by default).
   """
-  validation.choice("estimator", estimator, estimators.ESTIMATORS)
+  estimator = estimators.estimator_spec(estimator, **params)
   rewards = jnp.asarray(validation.binary("rewards", rewards))
   if not jnp.issubdtype(rewards.dtype, jnp.floating):
     rewards = rewards.astype(jnp.result_type(float))
