@@ -10,7 +10,8 @@ chex; nothing inside the package imports its public face `sera_jax`.
 `sera_jax.verification` sits beside the layers, so that the oracle stays independent of the
 code it checks: its reference imports only the standard library, numpy and scipy; its checks
 import the method (what they compare with the reference) and no other layer; and no module
-of the package outside it imports it.
+of the package outside it imports it. `sera_jax.testing`, helpers for users' test suites,
+sits beside the layers too and imports only the method.
 """
 
 import ast
@@ -28,6 +29,7 @@ VERIFICATION = "sera_jax.verification"
 REFERENCE = f"{VERIFICATION}.reference"
 REFERENCE_FILE = PACKAGE / "verification" / "reference.py"
 REFERENCE_THIRD_PARTY = {"numpy", "scipy"}
+TESTING = "sera_jax.testing"
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -196,7 +198,7 @@ def test_imported_names_resolve_modules_and_names_in_modules():
 def test_every_module_is_in_a_layer():
   stray = [name for name in modules_of("sera_jax")
            if name != "sera_jax" and name.split(".")[1] not in LAYERS
-           and not in_verification(name)]
+           and not in_verification(name) and name != TESTING]
   assert not stray, f"modules outside method/common/settings/harness and verification: {stray}"
 
 
@@ -211,6 +213,11 @@ def test_imports_run_only_downward():
 
 def test_the_method_imports_only_jax_numpy_chex_and_the_standard_library():
   assert imports_beyond(modules_of("sera_jax/method"), METHOD_THIRD_PARTY,
+                        ("sera_jax.method",)) == []
+
+
+def test_the_testing_helpers_import_only_the_method():
+  assert imports_beyond({TESTING: PACKAGE / "testing.py"}, METHOD_THIRD_PARTY,
                         ("sera_jax.method",)) == []
 
 
