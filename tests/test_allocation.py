@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sera_jax.method import allocation, scaling
+from sera_jax.method import allocation, ordering, scaling
 from sera_jax.method.allocation import allocate
 
 # Few distinct shapes so hypothesis examples reuse compiled code.
@@ -203,8 +203,8 @@ def test_waterline_is_the_float_of_the_100_step_bisection(x64):
 
 
 # Jitted once per length (at most 12): un-jitted, every example would trace a new lax.cond.
-_first_smallest = jax.jit(allocation._first_smallest)
-_all_among_first = jax.jit(allocation._all_among_first)
+_first_smallest = jax.jit(ordering.first_smallest)
+_all_among_first = jax.jit(ordering.all_among_first)
 
 
 @settings(max_examples=80, deadline=None)

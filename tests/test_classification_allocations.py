@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from sera_jax.harness.configs.base import classification as base_config
-from sera_jax.method import allocators
+from sera_jax.method import allocators, registry
 from sera_jax.settings.classification import alignment, allocations, gradients
 from sera_jax.settings.classification.task import ClassificationTask
 
@@ -23,8 +23,9 @@ def test_gvm_reads_the_norm_of_each_prompts_log_likelihood_gradient():
   want = [jnp.linalg.norm(jax.grad(lambda z, y=y: jax.nn.log_softmax(z)[y])(row))
           for row, y in zip(logits, labels, strict=True)]
   np.testing.assert_allclose(allocations.log_p_grad_norm(logits, labels), want, rtol=1e-5)
-  batch = allocations.inputs("gvm", logits, labels, jax.random.PRNGKey(0), n_max=16)
-  got = allocations.allocate("gvm", batch, baseline_n=4, n_min=2, n_max=16)
+  config = registry.AllocationConfig(mode="gvm", baseline_n=4, n_min=2, n_max=16)
+  batch = allocations.inputs(config, logits, labels, jax.random.PRNGKey(0))
+  got = registry.allocate_with(config, batch)
   np.testing.assert_array_equal(
       got.counts, allocators.gvm(batch.log_p, jnp.asarray(want), baseline_n=4, n_min=2,
                                  n_max=16).counts)
@@ -36,8 +37,9 @@ def test_adaptive_counts_are_decided_by_the_rollouts_the_gradient_samples():
   group it stopped early is mixed, and the slots match sample_rollouts with the same key."""
   logits, labels = _logits(num_prompts=32)
   key = jax.random.PRNGKey(5)
-  batch = allocations.inputs("adaptive", logits, labels, key, n_max=16)
-  alloc = allocations.allocate("adaptive", batch, baseline_n=4, n_min=2, n_max=16)
+  config = registry.AllocationConfig(mode="adaptive", baseline_n=4, n_min=2, n_max=16)
+  batch = allocations.inputs(config, logits, labels, key)
+  alloc = registry.allocate_with(config, batch)
   assert int(alloc.counts.sum()) == 32 * 4
   rollouts = gradients.sample_rollouts(key, logits, labels, alloc.counts, max_rollouts=16)
   np.testing.assert_array_equal(rollouts.rewards > 0, batch.outcomes & rollouts.mask)
@@ -52,10 +54,8 @@ def test_adaptive_counts_are_decided_by_the_rollouts_the_gradient_samples():
 
 
 def test_unknown_mode_is_rejected():
-  logits, labels = _logits()
-  batch = allocations.inputs("sera", logits, labels, jax.random.PRNGKey(0), n_max=8)
   with pytest.raises(ValueError, match="mode must be one of"):
-    allocations.allocate("greedy", batch, baseline_n=4, n_min=2, n_max=8)
+    allocations.allocation_config(base_config(), "greedy")
 
 
 @pytest.mark.slow

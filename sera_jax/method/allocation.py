@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sera_jax.method import scaling, validation
+from sera_jax.method import ordering, scaling, validation
 
 MODES = ("uniform", "equalized", "sera")
 # docs/method.md#the-waterline, reproduced exactly where the budget is k * n_max.
@@ -67,7 +67,8 @@ def clamp_log_p(log_p: jax.Array) -> jax.Array:
   return jnp.clip(log_p, lowest, highest)
 
 
-def _total_rollouts(continuous: jax.Array, active: jax.Array) -> jax.Array:
+def _total_rollouts(continuous: jax.Array, active: jax.Array
+                    ) -> tuple[jax.Array, jax.Array]:
   """sum_q n_q over active prompts, as whole parts (exact ints) + fractions.
 
   Splitting keeps the float32 sum exact in its integer part, so the budget
@@ -93,56 +94,6 @@ def _prompts(log_p: jax.Array, n_min: jax.Array) -> _Prompts:
   # flushes exp(log(tiny)) to zero.
   lam = jnp.maximum(-log_q, np.finfo(log_p.dtype).tiny)
   return _Prompts(log_p, log_q, lam, scaling.fidelity_from_logs(log_q, n_min))
-
-
-def _ordered_int(x: jax.Array) -> jax.Array:
-  """Monotone map of floats to signed ints of the same width (float order = int order).
-
-  XLA sorts one integer operand several times faster than floats or
-  (value, index) pairs, and consecutive ints are consecutive floats.
-  """
-  int_type = jnp.int64 if x.dtype == jnp.float64 else jnp.int32
-  bits = jax.lax.bitcast_convert_type(x, int_type)
-  magnitude = bits & jnp.iinfo(int_type).max
-  return jnp.where(bits < 0, -magnitude, bits)
-
-
-def _from_ordered_int(key: jax.Array, dtype) -> jax.Array:
-  """Inverse of `_ordered_int` (0 maps to +0.0)."""
-  bits = jnp.where(key < 0, (-key) | jnp.iinfo(key.dtype).min, key)
-  return jax.lax.bitcast_convert_type(bits, dtype)
-
-
-def _first_smallest(keys: jax.Array, sorted_keys: jax.Array, count: jax.Array) -> jax.Array:
-  """Mask of the `count` smallest keys, ties to the smaller index.
-
-  The same set as the first `count` entries of a stable argsort, from the
-  sorted keys alone: everything below the count-th smallest key, then that
-  key's ties in index order (a running count, needed only when the ties do
-  not all fit).
-  """
-  last = sorted_keys[jnp.clip(count - 1, 0, keys.shape[0] - 1)]
-  below = keys < last
-  tie = keys == last
-  room = count - jnp.sum(below.astype(jnp.int32))
-  ties_fit = jnp.sum(tie.astype(jnp.int32)) <= room
-  tie_taken = jax.lax.cond(ties_fit, lambda: tie,
-                           lambda: tie & (jnp.cumsum(tie.astype(jnp.int32)) <= room))
-  return (count > 0) & (below | tie_taken)
-
-
-def _all_among_first(keys: jax.Array, members: jax.Array, count: jax.Array) -> jax.Array:
-  """Whether every member is among the `count` smallest keys (ties to the smaller index).
-
-  The same answer as testing `_first_smallest(keys, sort(keys), count)` on
-  the members, without a sort: only the last member in (key, index) order
-  matters, and its position is the number of entries before it.
-  """
-  index = jnp.arange(keys.shape[0])
-  last_key = jnp.max(jnp.where(members, keys, jnp.iinfo(keys.dtype).min))
-  last_index = jnp.max(jnp.where(members & (keys == last_key), index, -1))
-  before = (keys < last_key) | ((keys == last_key) & (index < last_index))
-  return ~jnp.any(members) | (jnp.sum(before.astype(jnp.int32)) < count)
 
 
 def _waterline(lam, active, budget, n_min, n_max):
@@ -194,7 +145,7 @@ def _waterline(lam, active, budget, n_min, n_max):
     value, over, slope = evaluate(m)
     lo, hi = jnp.where(over, lo, m), jnp.where(over, m, hi)
     proposal = jnp.log(jnp.exp(m) - value / slope)
-    key, proposal_key = _ordered_int(m), _ordered_int(proposal)
+    key, proposal_key = ordering.ordered_int(m), ordering.ordered_int(proposal)
     converged = (proposal_key >= key - NEWTON_ULPS) & (proposal_key <= key + NEWTON_ULPS)
     inside = (proposal > lo) & (proposal < hi)
     proposal = jnp.where(converged, m, jnp.where(inside, proposal, 0.5 * lo + 0.5 * hi))
@@ -213,11 +164,11 @@ def _waterline(lam, active, budget, n_min, n_max):
     half = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # floor((lo + hi) / 2) without overflow
     ahead = jnp.where(upward, stride < half - lo, stride < hi - half)
     mid = jnp.where(ahead, jnp.where(upward, lo + stride, hi - stride), half)
-    _, over, _ = evaluate(_from_ordered_int(mid, dtype))
+    _, over, _ = evaluate(ordering.from_ordered_int(mid, dtype))
     grow = ahead & (stride <= jnp.iinfo(stride.dtype).max // 2)  # never overflows
     return jnp.where(over, lo, mid), jnp.where(over, mid, hi), jnp.where(grow, 2 * stride, stride)
 
-  lo, hi = _ordered_int(lo), _ordered_int(hi)
+  lo, hi = ordering.ordered_int(lo), ordering.ordered_int(hi)
   lo, _, _ = jax.lax.while_loop(lambda bracket: searching & (bracket[1] > bracket[0] + 1),
                                 gallop, (lo, hi, jnp.ones_like(lo)))
 
@@ -225,7 +176,8 @@ def _waterline(lam, active, budget, n_min, n_max):
     return jax.lax.fori_loop(0, BISECTION_STEPS, lambda _, m: 0.5 * (m + log_tau_hi), log_tau_lo)
 
   saturated = budget == num_active * n_max
-  tau = jnp.exp(jax.lax.cond(saturated, halve_towards_hi, lambda: _from_ordered_int(lo, dtype)))
+  tau = jnp.exp(jax.lax.cond(saturated, halve_towards_hi,
+                             lambda: ordering.from_ordered_int(lo, dtype)))
   return jnp.where(active, continuous_at(tau), 0.0), tau
 
 
@@ -244,7 +196,7 @@ def _marginal_keys(prompts, candidate, floors, target):
   """
   marginal_error = ((scaling.fidelity_from_logs(prompts.log_q, floors + 1) - target) ** 2
                     - (scaling.fidelity_from_logs(prompts.log_q, floors) - target) ** 2)
-  return _ordered_int(jnp.where(candidate, marginal_error, jnp.inf))
+  return ordering.ordered_int(jnp.where(candidate, marginal_error, jnp.inf))
 
 
 def _round_to_budget(prompts, active, continuous, target, budget, n_min, n_max):
@@ -256,7 +208,7 @@ def _round_to_budget(prompts, active, continuous, target, budget, n_min, n_max):
   """
   floors = _floors(active, continuous, n_min, n_max)
   keys = _marginal_keys(prompts, active & (floors < n_max), floors, target)
-  chosen = _first_smallest(keys, jax.lax.sort(keys), budget - jnp.sum(floors))
+  chosen = ordering.first_smallest(keys, jax.lax.sort(keys), budget - jnp.sum(floors))
   return floors + chosen.astype(jnp.int32)
 
 
@@ -303,7 +255,7 @@ def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
   log_p, log_q = prompts.log_p, prompts.log_q
   score = scaling.mixed_from_logs(log_p, log_q, n_max)
   unmixed = scaling.log_unmixed_from_logs(log_p, log_q, n_max)
-  keys = _ordered_int(jnp.where(force_active, -jnp.inf, unmixed))
+  keys = ordering.ordered_int(jnp.where(force_active, -jnp.inf, unmixed))
   sorted_keys = jax.lax.sort(keys)  # one sort serves every prefix
   eligible = jnp.sum((force_active | (score >= threshold)).astype(jnp.int32))
   required = jnp.maximum((budget + n_max - 1) // n_max, jnp.sum(force_active.astype(jnp.int32)))
@@ -317,7 +269,7 @@ def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
     at its floor plus one, and otherwise holds when every prompt that fails
     at its floor is among the R that docs/method.md#integer-rounding rounds up.
     """
-    active = _first_smallest(keys, sorted_keys, k)
+    active = ordering.first_smallest(keys, sorted_keys, k)
     checked = active & ~force_active
     continuous, target = _continuous_solution(prompts, active, budget, n_min, n_max)
     floors = _floors(active, continuous, n_min, n_max)
@@ -330,7 +282,7 @@ def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
 
     def rounded_up():
       marginal_keys = _marginal_keys(prompts, active & (floors < n_max), floors, target)
-      return _all_among_first(marginal_keys, failing_floors, budget - jnp.sum(floors))
+      return ordering.all_among_first(marginal_keys, failing_floors, budget - jnp.sum(floors))
 
     return ceilings_pass & jax.lax.cond(jnp.any(failing_floors), rounded_up, lambda: True)
 
@@ -342,7 +294,7 @@ def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
 
   _, _, best = jax.lax.while_loop(
       lambda state: state[0] <= state[1], search, (required, eligible, required))
-  return _first_smallest(keys, sorted_keys, best)
+  return ordering.first_smallest(keys, sorted_keys, best)
 
 
 def _allocate(log_p, baseline_n, n_min, n_max, threshold, force_active, *, mode,
@@ -385,23 +337,6 @@ def _allocate(log_p, baseline_n, n_min, n_max, threshold, force_active, *, mode,
 
 _allocate_jit = jax.jit(
     _allocate, static_argnames=("mode", "normalize_by_rollout_count", "normalize_by_rho"))
-
-
-def _check_bounds(baseline_n, n_min, n_max):
-  """Eager checks of the budget bounds (skipped for traced values)."""
-  if not all(map(validation.is_concrete, (baseline_n, n_min, n_max))):
-    return
-  n_min = validation.integer("n_min", n_min, minimum=1)
-  baseline_n = validation.integer("baseline_n", baseline_n, minimum=1)
-  n_max = validation.integer("n_max", n_max, minimum=1)
-  if n_min > baseline_n:
-    raise ValueError(
-        f"n_min must be <= baseline_n, else the budget M * baseline_n cannot give every "
-        f"active prompt n_min rollouts; got n_min={n_min}, baseline_n={baseline_n}.")
-  if baseline_n > n_max:
-    raise ValueError(
-        f"baseline_n must be <= n_max, else the budget M * baseline_n cannot be spent with "
-        f"at most n_max rollouts a prompt; got baseline_n={baseline_n}, n_max={n_max}.")
 
 
 def allocate(
@@ -457,7 +392,7 @@ def allocate(
   log_p = validation.log_probabilities("log_p", log_p)
   validation.rank("log_p", log_p, 1)
   validation.choice("mode", mode, MODES)
-  _check_bounds(baseline_n, n_min, n_max)
+  validation.budget_bounds(baseline_n, n_min, n_max)
   if validation.is_concrete(threshold):
     threshold = validation.in_unit_interval("threshold", threshold)
   if force_active is None:
@@ -472,19 +407,6 @@ def allocate(
       mode=mode,
       normalize_by_rollout_count=bool(normalize_by_rollout_count),
       normalize_by_rho=bool(normalize_by_rho))
-
-
-def allocate_from_config(log_p: jax.Array, config, mode: str) -> Allocation:
-  """`allocate` with the keys of an experiment config; log p is not differentiated.
-
-  Reads config.baseline_n, n_min, n_max, threshold, normalize_by_rollout_count
-  and normalize_by_rho.
-  """
-  return allocate(
-      jax.lax.stop_gradient(log_p), baseline_n=config.baseline_n, n_min=config.n_min,
-      n_max=config.n_max, mode=mode, threshold=config.threshold,
-      normalize_by_rollout_count=config.normalize_by_rollout_count,
-      normalize_by_rho=config.normalize_by_rho)
 
 
 def max_count(mode: str, *, baseline_n: int, n_max: int) -> int:

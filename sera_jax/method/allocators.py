@@ -30,14 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sera_jax.method import scaling, validation
-from sera_jax.method.allocation import (
-    Allocation,
-    _check_bounds,
-    _first_smallest,
-    _ordered_int,
-    clamp_log_p,
-)
+from sera_jax.method import ordering, scaling, validation
+from sera_jax.method.allocation import Allocation, clamp_log_p
 
 MODES = ("knapsack", "gvm", "adaptive")
 # GVM-RAFT's defaults: `ScriptArguments.alpha` / `.beta` of em/stage_2_calc_sample_size.py
@@ -68,12 +62,12 @@ def _log_probabilities(log_p) -> jax.Array:
 def _check(baseline_n, n_min, n_max):
   """Bounds of `allocate` (1 <= n_min <= baseline_n <= n_max), as static Python ints.
 
-  `allocation._check_bounds` skips traced values; here they are static, so a
+  `validation.budget_bounds` skips traced values; here they are static, so a
   tracer is rejected (TypeError) rather than skipped.
   """
   for name, value in (("baseline_n", baseline_n), ("n_min", n_min), ("n_max", n_max)):
     validation.integer(name, value, minimum=1)
-  _check_bounds(baseline_n, n_min, n_max)
+  validation.budget_bounds(baseline_n, n_min, n_max)
 
 
 def _finish(log_p, counts, continuous, baseline_n) -> Allocation:
@@ -99,8 +93,8 @@ def _finish(log_p, counts, continuous, baseline_n) -> Allocation:
 
 def _smallest_first(keys: jax.Array, count) -> jax.Array:
   """Mask of the `count` smallest float keys, ties to the smaller index (a stable-sort prefix)."""
-  int_keys = _ordered_int(keys)
-  return _first_smallest(int_keys, jax.lax.sort(int_keys), jnp.asarray(count, jnp.int32))
+  int_keys = ordering.ordered_int(keys)
+  return ordering.first_smallest(int_keys, jax.lax.sort(int_keys), jnp.asarray(count, jnp.int32))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,7 +121,7 @@ def _log_marginal_gain(log_p: jax.Array, n: jax.Array) -> jax.Array:
   -inf (gain 0) at p in {0, 1}.
   """
   log_q = scaling.log1mexp(log_p)
-  power = lambda log_x: scaling._power(log_x, n - 1)  # noqa: E731  (0 * log 0 = 0)
+  power = lambda log_x: scaling.log_power(log_x, n - 1)  # noqa: E731  (0 * log 0 = 0)
   return 2 * log_p + 3 * log_q + jnp.logaddexp(power(log_p), power(log_q))
 
 
@@ -214,7 +208,7 @@ def gvm_log_score(log_p: jax.Array, grad_norm: jax.Array, alpha=GVM_ALPHA,
   """
   log_p = jnp.asarray(log_p)
   log_alpha = jnp.log(jnp.asarray(alpha, log_p.dtype))
-  log_penalty = jnp.logaddexp(log_p, log_alpha + scaling._power(log_p, 1 - beta))
+  log_penalty = jnp.logaddexp(log_p, log_alpha + scaling.log_power(log_p, 1 - beta))
   score = jnp.log(grad_norm.astype(log_p.dtype)) - 0.5 * log_penalty
   return jnp.where((grad_norm > 0) & jnp.isfinite(log_p), score, -jnp.inf)
 

@@ -47,7 +47,7 @@ def failure_rate(log_p: jax.Array) -> jax.Array:
   return -log1mexp(log_p)
 
 
-def _power(log_x: jax.Array, n: jax.Array) -> jax.Array:
+def log_power(log_x: jax.Array, n: jax.Array) -> jax.Array:
   """log(x^n) = n log x, with 0 * log(0) = 0 so that x = 0, n = 0 gives 1."""
   return jnp.where(n == 0, 0.0, n * log_x)
 
@@ -64,17 +64,17 @@ def _broadcast(log_p, n):
 
 def fidelity_from_logs(log_q: jax.Array, n: jax.Array) -> jax.Array:
   """kappa from log q = log(1 - p); see `fidelity`."""
-  return jnp.where(n >= 1, -jnp.expm1(_power(log_q, jnp.maximum(n - 1, 0))), 0.0)
+  return jnp.where(n >= 1, -jnp.expm1(log_power(log_q, jnp.maximum(n - 1, 0))), 0.0)
 
 
 def coverage_from_logs(log_q: jax.Array, n: jax.Array) -> jax.Array:
   """pass@n from log q = log(1 - p); see `coverage`."""
-  return -jnp.expm1(_power(log_q, n))
+  return -jnp.expm1(log_power(log_q, n))
 
 
 def mixed_from_logs(log_p: jax.Array, log_q: jax.Array, n: jax.Array) -> jax.Array:
   """mixed from log p and log q = log(1 - p); see `mixed_probability`."""
-  log_q_n, log_p_n = _power(log_q, n), n * log_p
+  log_q_n, log_p_n = log_power(log_q, n), n * log_p
   small_p = log_p < _LOG_HALF
   # small p: (1 - (1-p)^n) - p^n ; large p: (1 - p^n) - (1-p)^n.
   big, small = jnp.where(small_p, log_q_n, log_p_n), jnp.where(small_p, log_p_n, log_q_n)
@@ -84,7 +84,7 @@ def mixed_from_logs(log_p: jax.Array, log_q: jax.Array, n: jax.Array) -> jax.Arr
 
 def log_unmixed_from_logs(log_p: jax.Array, log_q: jax.Array, n: jax.Array) -> jax.Array:
   """log(1 - mixed) from log p and log q = log(1 - p); see `log_unmixed_probability`."""
-  return jnp.logaddexp(_power(log_q, n), n * log_p)
+  return jnp.logaddexp(log_power(log_q, n), n * log_p)
 
 
 def _logs(log_p, n):

@@ -20,6 +20,12 @@ import numpy as np
 
 from sera_jax.method import validation
 
+# The estimators' defaults (docs/method.md#estimating-p), defined here once: the settings'
+# configs and `sera_jax.method.registry.AllocationConfig` start from them.
+DISCOUNT = 0.75  # the weight of the folded counts at each epoch boundary
+ALPHA0 = 0.5  # the Beta prior (alpha0, beta0)
+BETA0 = 0.5
+
 
 def oracle_log_p(logits: jax.Array, labels: jax.Array) -> jax.Array:
   """log p_q = log softmax(logits_q)[y_q] (docs/method.md#estimating-p, oracle).
@@ -140,7 +146,8 @@ def _stage(state: HistoricalState, prompt_ids, successes, failures) -> Historica
       staged_failures=state.staged_failures.at[prompt_ids].add(failures))
 
 
-def historical_start_epoch(state: HistoricalState, *, discount: float = 0.75) -> HistoricalState:
+def historical_start_epoch(state: HistoricalState, *,
+                           discount: float = DISCOUNT) -> HistoricalState:
   """Folds the staged outcomes in at an epoch boundary (docs/method.md#estimating-p).
 
   S <- d S + staged S and F <- d F + staged F for every prompt (prompts not
@@ -158,8 +165,9 @@ def historical_start_epoch(state: HistoricalState, *, discount: float = 0.75) ->
       seen=state.seen | staged_any)
 
 
-def historical_estimate(state: HistoricalState, prompt_ids: jax.Array, *, alpha0: float = 0.5,
-                        beta0: float = 0.5) -> tuple[jax.Array, jax.Array]:
+def historical_estimate(state: HistoricalState, prompt_ids: jax.Array, *,
+                        alpha0: float = ALPHA0, beta0: float = BETA0
+                        ) -> tuple[jax.Array, jax.Array]:
   """Frozen estimate log p = log((alpha0 + S) / (alpha0 + beta0 + S + F)).
 
   See docs/method.md#estimating-p.
@@ -167,7 +175,8 @@ def historical_estimate(state: HistoricalState, prompt_ids: jax.Array, *, alpha0
   Depends only on the folded S, F, never on staged outcomes, so it is constant
   within an epoch. Prompts never seen have no estimate: `has_estimate` is
   False there and `log_p` holds the prior mean log(alpha0 / (alpha0 + beta0)).
-  Callers use the uniform allocation in the first epoch (nothing is seen yet).
+  `sera_jax.method.historical.historical_allocation` gives them the population's
+  mean (`historical_population_log_p`) and allocates uniformly while nothing is seen.
 
   Args:
     state: the current state.
@@ -184,9 +193,8 @@ def historical_estimate(state: HistoricalState, prompt_ids: jax.Array, *, alpha0
   return log_p, state.seen[prompt_ids]
 
 
-
-def historical_population_log_p(state: HistoricalState, *, alpha0: float = 0.5,
-                                beta0: float = 0.5) -> tuple[jax.Array, jax.Array]:
+def historical_population_log_p(state: HistoricalState, *, alpha0: float = ALPHA0,
+                                beta0: float = BETA0) -> tuple[jax.Array, jax.Array]:
   """log of the mean frozen estimate p over every seen prompt, for prompts not yet seen.
 
   A prompt that missed the epochs so far (the leftover of an epoch that does not
@@ -210,8 +218,9 @@ def historical_population_log_p(state: HistoricalState, *, alpha0: float = 0.5,
   prior = jnp.log(alpha0 / (alpha0 + beta0)).astype(log_p.dtype)
   return jnp.where(num_seen > 0, log_mean, prior), num_seen > 0
 
-def pilot_log_p(successes: jax.Array, num_pilot: int, *, alpha0: float = 0.5,
-                beta0: float = 0.5) -> jax.Array:
+
+def pilot_log_p(successes: jax.Array, num_pilot: int, *, alpha0: float = ALPHA0,
+                beta0: float = BETA0) -> jax.Array:
   """log((alpha0 + s) / (alpha0 + beta0 + num_pilot)): Beta posterior mean after a pilot.
 
   Args:

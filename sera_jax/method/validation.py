@@ -88,6 +88,26 @@ def integer(name: str, value: Any, *, minimum: int | None = None) -> int:
   return value
 
 
+def budget_bounds(baseline_n: Any, n_min: Any, n_max: Any) -> None:
+  """Checks 1 <= n_min <= baseline_n <= n_max (skipped when a value is traced).
+
+  Without them no allocation spends the budget M * baseline_n with n_min <= n_q <= n_max.
+  """
+  if not all(map(is_concrete, (baseline_n, n_min, n_max))):
+    return
+  n_min = integer("n_min", n_min, minimum=1)
+  baseline_n = integer("baseline_n", baseline_n, minimum=1)
+  n_max = integer("n_max", n_max, minimum=1)
+  if n_min > baseline_n:
+    raise ValueError(
+        f"n_min must be <= baseline_n, else the budget M * baseline_n cannot give every "
+        f"active prompt n_min rollouts; got n_min={n_min}, baseline_n={baseline_n}.")
+  if baseline_n > n_max:
+    raise ValueError(
+        f"baseline_n must be <= n_max, else the budget M * baseline_n cannot be spent with "
+        f"at most n_max rollouts a prompt; got baseline_n={baseline_n}, n_max={n_max}.")
+
+
 def real(name: str, value: Any, *, minimum: float | None = None, positive: bool = False,
          below: float | None = None) -> float:
   """Returns `value` as a float, checking it is a finite number in the allowed range.

@@ -10,6 +10,8 @@ downloaded. `sera_jax.settings.llm.gsm8k` trains it (the [llm] extra).
 
 import ml_collections
 
+from sera_jax.method import success
+
 GSM8K_TRAIN = 7_473  # problems in tfds gsm8k's train split
 
 
@@ -38,10 +40,10 @@ def get_config():
   config.threshold = 0.05
   config.normalize_by_rollout_count = True
   config.normalize_by_rho = False
-  # Historical success estimator (docs/method.md#estimating-p).
-  config.discount = 0.75
-  config.alpha0 = 0.5
-  config.beta0 = 0.5
+  # Historical success estimator (docs/method.md#estimating-p): the method's defaults.
+  config.discount = success.DISCOUNT
+  config.alpha0 = success.ALPHA0
+  config.beta0 = success.BETA0
   # Optimisation (sera_jax.common.optim): AdamW at a constant 1e-6, gradients clipped.
   config.optimizer = "adam"  # AdamW with weight_decay
   config.learning_rate = 1e-6

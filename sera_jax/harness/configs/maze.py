@@ -10,11 +10,13 @@ every method:
 
 import ml_collections
 
+from sera_jax.method import success
+
 
 def get_config():
   config = ml_collections.ConfigDict()
   config.task = "maze"
-  config.method = "sera"  # sera | uniform | grpo
+  config.method = "sera"  # sera | uniform | grpo | equalized | knapsack
   config.seed = 0  # model init, batch order and sampling
   config.data_seed = 0  # the training and held-out mazes (shared by all seeds and methods)
   # Held-out mazes whose shortest path no training maze shares: with 9x9 mazes most
@@ -37,10 +39,10 @@ def get_config():
   config.threshold = 0.05
   config.normalize_by_rollout_count = True
   config.normalize_by_rho = False
-  # Historical success estimator (docs/method.md#estimating-p).
-  config.discount = 0.75
-  config.alpha0 = 0.5
-  config.beta0 = 0.5
+  # Historical success estimator (docs/method.md#estimating-p): the method's defaults.
+  config.discount = success.DISCOUNT
+  config.alpha0 = success.ALPHA0
+  config.beta0 = success.BETA0
   # Optimisation: warm start on shortest paths for warmup_steps, then RL.
   config.num_steps = 320  # 20 warm-start + 300 RL steps: 5 seeds x 3 methods in < 30 min here
   config.warmup_steps = 20  # a weak start leaves hard mazes for RL (pass@1 about 0.2)

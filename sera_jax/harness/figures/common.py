@@ -16,7 +16,6 @@ setting, in `sera_jax.settings.classification.alignment`.
 
 import argparse
 import copy
-import functools
 import os
 import pathlib
 import textwrap
@@ -34,8 +33,8 @@ from scipy import stats
 from sera_jax.common import files
 from sera_jax.common.plots import plt, save_figure
 from sera_jax.harness import configs, sweep, train
-from sera_jax.method import allocation, success
-from sera_jax.settings.classification import gradients
+from sera_jax.method import success
+from sera_jax.settings.classification import allocations, gradients
 from sera_jax.settings.classification.task import ClassificationTask, TrainState
 
 OUT_DIR = "docs/figures"
@@ -289,16 +288,17 @@ def prepare_run(args: argparse.Namespace) -> tuple[ClassificationTask, str, dict
 
 
 def historical_log_p(task: ClassificationTask, workdir: str, steps: Sequence[int], *,
-                     discount: float = 0.75, seed: int = 0) -> dict[int, jax.Array]:
+                     seed: int = 0) -> dict[int, jax.Array]:
   """The frozen historical estimates of every training prompt at epoch boundaries.
 
   The estimates are those of docs/method.md#estimating-p.
 
   Replays the epochs before max(steps) over the whole training set once:
   epoch e rolls out every training prompt with the policy of the checkpoint
-  at its start (epoch 0 with the uniform allocation, as nothing is seen yet;
-  later epochs with SERA on the frozen estimate; budget num_train * N0),
-  stages the outcomes and folds them in at the boundary. Within-epoch policy
+  at its start, allocated by `allocations.historical_allocation` in mode "sera"
+  (budget num_train * N0: epoch 0 uniform, as nothing is seen yet, later epochs
+  SERA on the frozen estimate), stages the outcomes and folds them in at the
+  boundary with the config's estimator (discount, prior). Within-epoch policy
   drift is ignored (the epoch's first policy plays the whole epoch).
 
   Returns:
@@ -313,25 +313,28 @@ def historical_log_p(task: ClassificationTask, workdir: str, steps: Sequence[int
   all_ids = jnp.arange(dataset.num_train)
   images, labels = jnp.asarray(dataset.train_images), jnp.asarray(dataset.train_labels)
 
-  @functools.partial(jax.jit, static_argnames="mode")
-  def replay_epoch(history, state, key, mode):
+  sera = allocations.allocation_config(config, "sera")
+  prior = dict(alpha0=sera.alpha0, beta0=sera.beta0)
+
+  @jax.jit
+  def replay_epoch(history, state, key):
     logits = forward_logits(task, state, images)
-    estimate, _ = success.historical_estimate(history, all_ids)
-    counts = allocation.allocate_from_config(estimate, config, mode).counts
-    rollouts = gradients.sample_rollouts(key, logits, labels, counts,
-                                              max_rollouts=config.n_max)
+    history, alloc, _ = allocations.historical_allocation(sera, history, all_ids, False, True,
+                                                          logits, labels, key)
+    rollouts = gradients.sample_rollouts(key, logits, labels, alloc.counts,
+                                         max_rollouts=config.n_max)
     history = success.historical_stage(history, all_ids, rollouts.rewards, rollouts.mask)
-    return success.historical_start_epoch(history, discount=discount)
+    return success.historical_start_epoch(history, discount=sera.discount)
 
   history = success.historical_init(dataset.num_train)
   estimates = {}
   for epoch in range(max(steps) // steps_per_epoch):
     state = load_state(task, workdir, epoch * steps_per_epoch)
     key = jax.random.fold_in(jax.random.PRNGKey(seed), epoch)
-    # Epoch 0 gives every prompt N0 rollouts, so from epoch 1 on all have an estimate.
-    history = replay_epoch(history, state, key, "sera" if epoch else "uniform")
+    history = replay_epoch(history, state, key)
     if (epoch + 1) * steps_per_epoch in steps:
-      estimates[(epoch + 1) * steps_per_epoch] = success.historical_estimate(history, all_ids)[0]
+      estimates[(epoch + 1) * steps_per_epoch] = success.historical_estimate(
+          history, all_ids, **prior)[0]
   return estimates
 
 

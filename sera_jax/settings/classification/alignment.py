@@ -18,7 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from sera_jax.method import allocation, success
+from sera_jax.method import registry, success
 from sera_jax.method.allocation import Allocation
 from sera_jax.settings.classification import allocations, gradients
 from sera_jax.settings.classification.task import ClassificationTask
@@ -56,15 +56,19 @@ class Method(NamedTuple):
 
 
 def _method(log_p_fn, *, baseline_n, n_min, n_max, mode, estimator, **options) -> Method:
-  """A Method allocating with `mode` (`allocations.MODES`) on log_p_fn's log p (None: exact)."""
+  """A Method allocating with `mode` (`allocations.MODES`) on log_p_fn's log p (None: exact).
+
+  `options`: the other fields of `registry.AllocationConfig` (threshold, round_size, ...).
+  """
+  config = registry.AllocationConfig(mode=mode, baseline_n=baseline_n, n_min=n_min,
+                                     n_max=n_max, estimator=estimator, **options)
+
   def allocate(key, logits, labels, extras):
     log_p = None if log_p_fn is None else log_p_fn(key, logits, labels, extras)
-    batch = allocations.inputs(mode, logits, labels, key, n_max=n_max, log_p=log_p)
-    return allocations.allocate(mode, batch, baseline_n=baseline_n, n_min=n_min, n_max=n_max,
-                                **options)
-  return Method(allocate, baseline_n,
-                allocation.max_count(mode, baseline_n=baseline_n, n_max=n_max), estimator,
-                outcome_dependent=mode in allocations.OUTCOME_DEPENDENT)
+    return registry.allocate_with(config, allocations.inputs(config, logits, labels, key,
+                                                             log_p=log_p))
+  return Method(allocate, baseline_n, config.max_count, estimator,
+                outcome_dependent=registry.ALLOCATORS[mode].outcome_dependent)
 
 
 def oracle_method(*, baseline_n: int, n_min: int, n_max: int, mode: str = "sera",

@@ -1,10 +1,8 @@
-"""Every allocation mode of the controlled setting: SERA's and the baselines'.
+"""What the controlled setting feeds the allocation modes: every input, exactly.
 
-SERA's modes (`sera_jax.allocate`: uniform, equalized, sera) need log p. The
-baselines of `sera_jax.method.allocators` need more, which classification
-knows exactly:
+Every mode of `sera_jax.method.registry` reads log p; classification knows it, and
+also what the baselines of `sera_jax.method.allocators` read beyond it:
 
-* knapsack (Knapsack-RL): log p alone;
 * gvm (GVM-RAFT): each prompt's gradient norm G_q = ||d log p_q / d logits_q||
   = ||onehot(y_q) - pi_q|| (`log_p_grad_norm`);
 * adaptive (rounds with early exit): the outcomes of the rollouts themselves.
@@ -14,35 +12,26 @@ knows exactly:
   uses, as in the method. Its counts are random, and its expected gradient has
   no closed form (the alignment figures estimate it by Monte Carlo).
 
-`inputs` gathers what a mode needs from the logits, and `allocate` is a pure
-function of those per-prompt arrays, so a mesh can solve it on every device.
+`inputs` gathers what a config's mode reads from the logits, and
+`registry.allocate_with` is a pure function of those per-prompt arrays, so a mesh
+can solve it on every device. `historical_allocation` allocates training prompts on
+their historical estimate instead of the exact p (the figures replay epochs with it).
 """
-
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from sera_jax.method import allocation, allocators
-from sera_jax.method.success import oracle_log_p
+from sera_jax.method import historical, registry, success
+from sera_jax.method.allocation import Allocation
 from sera_jax.settings.classification import gradients
 
-MODES = allocation.MODES + allocators.MODES
-OUTCOME_DEPENDENT = ("adaptive",)  # counts drawn with the rollouts: no closed-form expectation
-ROUND_SIZE = 2  # adaptive sampling's rollouts per open prompt and round
+INPUTS = registry.AllocationInputs._fields  # classification feeds every input
+MODES = registry.modes_fed_by(INPUTS)
 
 
-class Inputs(NamedTuple):
-  """What the allocation of a batch of M prompts reads.
-
-  Attributes:
-    log_p: [M] log p (exact, or an estimate), not differentiated.
-    grad_norm: [M] ||d log p_q / d logits_q|| (gvm), or [0] when the mode needs none.
-    outcomes: bool [M, n_max] the rollouts' slot successes (adaptive), or [M, 0].
-  """
-  log_p: jax.Array
-  grad_norm: jax.Array
-  outcomes: jax.Array
+def allocation_config(config, mode: str) -> registry.AllocationConfig:
+  """The allocation of an experiment config (its keys named as the fields) in `mode`."""
+  return registry.AllocationConfig.from_fields(config, prefix="config.", mode=mode)
 
 
 def log_p_grad_norm(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -51,50 +40,46 @@ def log_p_grad_norm(logits: jax.Array, labels: jax.Array) -> jax.Array:
   return jnp.linalg.norm(onehot - jax.nn.softmax(logits, axis=-1), axis=-1)
 
 
-def inputs(mode: str, logits: jax.Array, labels: jax.Array, key: jax.Array, *, n_max: int,
-           log_p: jax.Array | None = None) -> Inputs:
-  """The allocation inputs of `mode` on one batch.
+def _beyond_log_p(config: registry.AllocationConfig, logits: jax.Array, labels: jax.Array,
+                  key: jax.Array) -> registry.AllocationInputs:
+  """The inputs other than log p that `config.mode` reads (None for the rest)."""
+  needs = registry.ALLOCATORS[config.mode].needs
+  logits = jax.lax.stop_gradient(logits)
+  grad_norm = log_p_grad_norm(logits, labels) if "grad_norm" in needs else None
+  outcomes = None
+  if "outcomes" in needs:
+    counts = jnp.full(labels.shape, config.n_max, jnp.int32)
+    outcomes = gradients.sample_rollouts(key, logits, labels, counts,
+                                         max_rollouts=config.n_max).rewards > 0
+  return registry.AllocationInputs(grad_norm=grad_norm, outcomes=outcomes)
+
+
+def inputs(config: registry.AllocationConfig, logits: jax.Array, labels: jax.Array,
+           key: jax.Array, *, log_p: jax.Array | None = None) -> registry.AllocationInputs:
+  """The allocation inputs of `config.mode` on one batch.
 
   Args:
-    mode: one of `MODES`.
+    config: the allocation; adaptive's outcomes are config.n_max slots wide.
     logits, labels: [M, C] and [M].
     key: the key the gradient's rollouts are sampled with (read by adaptive only).
-    n_max: the most rollouts of a prompt (static): adaptive's outcome width.
     log_p: an estimate of log p to allocate on; default the exact one.
   """
-  logits = jax.lax.stop_gradient(logits)
-  log_p = oracle_log_p(logits, labels) if log_p is None else jax.lax.stop_gradient(log_p)
-  grad_norm = log_p_grad_norm(logits, labels) if mode == "gvm" else jnp.zeros(0, logits.dtype)
-  if mode == "adaptive":
-    counts = jnp.full(labels.shape, n_max, jnp.int32)
-    outcomes = gradients.sample_rollouts(key, logits, labels, counts,
-                                         max_rollouts=n_max).rewards > 0
-  else:
-    outcomes = jnp.zeros((labels.shape[0], 0), bool)
-  return Inputs(log_p, grad_norm, outcomes)
+  if log_p is None:
+    log_p = success.oracle_log_p(jax.lax.stop_gradient(logits), labels)
+  return _beyond_log_p(config, logits, labels, key)._replace(log_p=log_p)
 
 
-def allocate(mode: str, batch: Inputs, *, baseline_n: int, n_min: int, n_max: int,
-             round_size: int = ROUND_SIZE, **options) -> allocation.Allocation:
-  """The `Allocation` of `mode` (budget M * baseline_n, counts in [n_min, n_max]).
+def historical_allocation(config: registry.AllocationConfig, state: success.HistoricalState,
+                          prompt_ids: jax.Array, new_epoch, training, logits: jax.Array,
+                          labels: jax.Array, key: jax.Array
+                          ) -> tuple[success.HistoricalState, Allocation, jax.Array]:
+  """The allocation of training prompts `prompt_ids` on their historical estimate of p.
 
-  `options` (threshold, normalize_by_rollout_count, normalize_by_rho) go to
-  `sera_jax.allocate` for SERA's modes; the baselines have none of them.
+  `sera_jax.method.historical.historical_allocation`, given the inputs other than log p
+  that `config.mode` reads from the prompts' logits, labels and key (see `inputs`).
+
+  Returns:
+    (the state, folded if `new_epoch`; the `Allocation`; the [M] log p it used).
   """
-  bounds = dict(baseline_n=baseline_n, n_min=n_min, n_max=n_max)
-  if mode in allocation.MODES:
-    return allocation.allocate(batch.log_p, mode=mode, **bounds, **options)
-  if mode == "knapsack":
-    return allocators.knapsack(batch.log_p, **bounds)
-  if mode == "gvm":
-    return allocators.gvm(batch.log_p, batch.grad_norm, **bounds)
-  if mode == "adaptive":
-    return allocators.adaptive(batch.outcomes, batch.log_p, round_size=round_size, **bounds)
-  raise ValueError(f"mode must be one of {MODES}; got {mode!r}.")
-
-
-def config_options(config) -> dict:
-  """SERA's allocation options of an experiment config."""
-  return dict(threshold=config.threshold,
-              normalize_by_rollout_count=config.normalize_by_rollout_count,
-              normalize_by_rho=config.normalize_by_rho)
+  return historical.historical_allocation(config, state, prompt_ids, new_epoch, training,
+                                          _beyond_log_p(config, logits, labels, key))

@@ -25,12 +25,12 @@ from sera_jax.common import sharding
 from sera_jax.common.data import get_dataset
 from sera_jax.common.models import create_model
 from sera_jax.common.optim import learning_rate_schedule, make_optimizer
-from sera_jax.method import allocation, allocators, estimators, scaling, validation
+from sera_jax.method import allocation, allocators, estimators, registry, scaling, validation
 from sera_jax.method.success import oracle_log_p
 from sera_jax.settings.classification import allocations, gradients
 from sera_jax.settings.classification.plots import plot_alignment
 
-METHODS = ("sera", "uniform", "equalized", "ce", *allocators.MODES)
+METHODS = ("ce", *allocations.MODES)
 PASS_AT_K = tuple(2**i for i in range(11))  # 1, 2, 4, ..., 1024
 # The cotangents pushed back through the one forward pass of an alignment step.
 ALIGNED = ("exact", "sera_realized", "sera_expected", "uniform_realized", "uniform_expected")
@@ -54,14 +54,17 @@ def init_train_state(model, optimizer: optax.GradientTransformation, rng: jax.Ar
 def validate_config(config: ml_collections.ConfigDict, num_devices: int) -> None:
   """Rejects a bad config before anything is compiled."""
   validation.choice("config.method", config.method, METHODS)
-  validation.choice("config.estimator", config.estimator, estimators.ESTIMATORS)
+  allocations.allocation_config(config, _stats_mode(config.method))
   validation.integer("config.batch_size", config.batch_size, minimum=1)
   validation.integer("config.eval_batch_size", config.eval_batch_size, minimum=1)
   validation.integer("config.align_every", config.align_every, minimum=1)
-  allocation._check_bounds(config.baseline_n, config.n_min, config.n_max)
-  validation.in_unit_interval("config.threshold", config.threshold)
   for name in ("batch_size", "eval_batch_size"):
     sharding.check_batch_divisible(f"config.{name}", config[name], num_devices)
+
+
+def _stats_mode(method: str) -> str:
+  """The allocation the rollout statistics describe: the trained one; "ce" reports SERA's."""
+  return "sera" if method == "ce" else method
 
 
 def _width(config, mode):
@@ -90,15 +93,13 @@ def make_train_step(model, optimizer, config, *, align: bool, mesh=None):
   """
 
   def allocate(mode, logits, labels, key):
-    batch = allocations.inputs(mode, logits, labels, key, n_max=config.n_max)
-    solve = functools.partial(allocations.allocate, mode, baseline_n=config.baseline_n,
-                              n_min=config.n_min, n_max=config.n_max,
-                              **allocations.config_options(config))
+    mode_config = allocations.allocation_config(config, mode)
+    batch = allocations.inputs(mode_config, logits, labels, key)
+    solve = functools.partial(registry.allocate_with, mode_config)
     return solve(batch) if mesh is None else sharding.on_every_device(solve, mesh)(batch)
 
   method = config.method
-  # Rollout statistics describe the trained allocation; "ce" reports SERA's.
-  stats_mode = "sera" if method == "ce" else method
+  stats_mode = _stats_mode(method)
   schedule = learning_rate_schedule(config)
 
   def realized(key, logits, labels, alloc, mode):

@@ -45,7 +45,8 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl import utils as rl_utils
 from tunix.rl.grpo import grpo_learner
 
-from sera_jax.method import allocation, estimators, flat, success, validation
+from sera_jax.method import allocation, estimators, flat, registry, success, validation
+from sera_jax.method.historical import historical_allocation
 from sera_jax.settings.llm import tunix_compat
 
 BUDGET_NORM_LOSS = "sera_budget_norm"
@@ -54,6 +55,10 @@ TOKEN_SUM_NORM = "sequence-mean-token-sum-norm"
 # groups itself, so no Tunix estimator runs (none is registered under this name).
 DEFERRED_ADVANTAGES = "sera_deferred"
 ESTIMATOR_KEY = "sera_estimator"  # in the custom metadata of every actor checkpoint
+# What the learner offers an allocation (`registry.AllocationInputs`): log p alone. gvm would
+# need each prompt's gradient norm (a backward pass a prompt), adaptive sampling the rewards of
+# the rollouts before their counts are fixed (generation in rounds).
+INPUTS = ("log_p",)
 
 
 def _fixed_group_estimator(estimator: str):
@@ -97,7 +102,8 @@ class SeraConfig(grpo_learner.GRPOConfig):
   See docs/method.md#the-estimator-and-its-scale.
 
   Attributes:
-    allocation: "sera", "equalized" or "uniform" (`sera_jax.allocate`'s modes).
+    allocation: the allocation mode, one of `sera_jax.ALLOCATORS` that reads log p alone
+      (`INPUTS`): "sera", "equalized", "uniform" or "knapsack".
     estimator: the advantage estimator (`sera_jax.ESTIMATORS`).
     n_min, n_max, threshold, normalize_by_rollout_count, normalize_by_rho: as
       in `sera_jax.allocate`.
@@ -132,9 +138,9 @@ class SeraConfig(grpo_learner.GRPOConfig):
   normalize_by_rho: bool = False
   dataset_size: int = 0
   index_key: str = "idx"
-  discount: float = 0.75
-  alpha0: float = 0.5
-  beta0: float = 0.5
+  discount: float = success.DISCOUNT
+  alpha0: float = success.ALPHA0
+  beta0: float = success.BETA0
   rollout_seed: int | None = None
   generation_batch_size: int | None = None
   log_p_source: str | Callable[[nnx.Module, dict[str, np.ndarray]], jax.Array] = "historical"
@@ -147,12 +153,9 @@ class SeraConfig(grpo_learner.GRPOConfig):
 
   def __post_init__(self):
     super().__post_init__()
-    validation.choice("allocation", self.allocation, allocation.MODES)
-    validation.choice("estimator", self.estimator, estimators.ESTIMATORS)
-    allocation._check_bounds(self.num_generations, self.n_min, self.n_max)
-    validation.in_unit_interval("threshold", self.threshold)
+    registry.check_mode(self.allocation, name="allocation")
+    registry.require(self.allocation_config.mode, INPUTS, who="SeraLearner")
     validation.integer("dataset_size", self.dataset_size, minimum=1)
-    validation.in_unit_interval("discount", self.discount)
     if self.generation_batch_size is not None:
       validation.integer("generation_batch_size", self.generation_batch_size, minimum=1)
       if self.rollout_seed is None:
@@ -176,7 +179,18 @@ class SeraConfig(grpo_learner.GRPOConfig):
                        f"{self.num_iterations}.")
 
   @property
+  def allocation_config(self) -> registry.AllocationConfig:
+    """The allocation of these fields (N0 = num_generations), checked."""
+    return registry.AllocationConfig(
+        mode=self.allocation, baseline_n=self.num_generations, n_min=self.n_min,
+        n_max=self.n_max, threshold=self.threshold,
+        normalize_by_rollout_count=self.normalize_by_rollout_count,
+        normalize_by_rho=self.normalize_by_rho, estimator=self.estimator,
+        discount=self.discount, alpha0=self.alpha0, beta0=self.beta0)
+
+  @property
   def baseline_n(self) -> int:
+    """N0, the mean rollouts a prompt (num_generations)."""
     return self.num_generations
 
 
@@ -423,28 +437,14 @@ class SeraLearner(tunix_compat.WholeBatchLearner[SeraConfig]):
   # ---- allocation and the historical estimator (jitted) -------------------------------------
 
   def _allocate_fn(self, historical, ids, new_epoch, training, oracle_log_p):
-    """The batch's allocation from the oracle's log p, or from the frozen estimate.
+    """(historical, alloc, log_p) of a batch: `historical_allocation` on the frozen estimate.
 
-    A prompt without an estimate of its own yet (not seen at an epoch boundary)
-    gets the population's mean p (`historical_population_log_p`); the whole batch
-    is uniform only while no prompt has been seen (the first epoch), and for
-    evaluation batches.
+    On the oracle's log p instead when the config has one (`log_p_source`).
     """
-    config = self.algo_config
-    historical = jax.tree.map(
-        lambda started, kept: jnp.where(new_epoch, started, kept),
-        success.historical_start_epoch(historical, discount=config.discount), historical)
-    if oracle_log_p is None:
-      prior = dict(alpha0=config.alpha0, beta0=config.beta0)
-      log_p, has_estimate = success.historical_estimate(historical, ids, **prior)
-      population, any_seen = success.historical_population_log_p(historical, **prior)
-      log_p = jnp.where(has_estimate, log_p, population)
-    else:
-      log_p, any_seen = jnp.asarray(oracle_log_p, jnp.float32), True
-    uniform = allocation.allocate_from_config(log_p, config, "uniform")
-    chosen = allocation.allocate_from_config(log_p, config, config.allocation)
-    alloc = jax.tree.map(lambda a, b: jnp.where(training & any_seen, a, b), chosen, uniform)
-    return historical, alloc, log_p
+    inputs = registry.AllocationInputs(
+        log_p=None if oracle_log_p is None else jnp.asarray(oracle_log_p, jnp.float32))
+    return historical_allocation(self.algo_config.allocation_config, historical, ids,
+                                 new_epoch, training, inputs)
 
   def _finish_fn(self, historical, ids, rewards, lengths, alloc, log_p, stock_mask, *, exact):
     """Weighted flat advantages, the completion mask by length, the staged outcomes and the

@@ -10,8 +10,14 @@ rollout budget B = M * N0:
 * "grpo":    N0 rollouts a maze, GRPO advantages;
 * "sera":    counts from `allocate(mode="sera")` (docs/method.md#the-waterline to
   docs/method.md#the-active-set) on success probabilities from the historical estimator
-  (docs/method.md#estimating-p, frozen within an epoch); until every maze of the batch has an
-  estimate (the first RL epoch) the uniform allocation.
+  (docs/method.md#estimating-p, frozen within an epoch); the uniform allocation while no
+  maze has an estimate (the first RL epoch);
+* "equalized", "knapsack": those allocations (`sera_jax.method.registry`), on the same
+  estimate and as uniform in the first RL epoch.
+
+Every method's allocation is `sera_jax.method.historical.historical_allocation`. The maze
+offers an allocation log p alone (`INPUTS`): gvm would need each maze's gradient norm, and
+adaptive sampling the outcomes of the rollouts before their counts are fixed.
 
 All use the loss of docs/method.md#weights-and-the-loss with the allocation's prompt weights.
 Rollouts live in a flat buffer of exactly B sequences with segment ids (the
@@ -40,12 +46,13 @@ import optax
 
 from sera_jax.common import optim, sharding
 from sera_jax.common.evaluation import pass_at_k
-from sera_jax.method import allocation, flat, success, validation
+from sera_jax.method import allocation, flat, registry, success, validation
+from sera_jax.method.historical import historical_allocation
 from sera_jax.settings.maze import env as maze_env
 from sera_jax.settings.maze.plots import plot_runs
 from sera_jax.settings.maze.policy import MazePolicy
 
-METHODS = ("sera", "uniform", "grpo")
+INPUTS = ("log_p",)  # what the maze offers an allocation (`registry.AllocationInputs`)
 PASS_AT_K = tuple(2**i for i in range(9))  # 1, 2, 4, ..., 256
 _TRAIN_SET, _EVAL_SET, _WARMUP_ORDER, _RL_ORDER, _EVAL_KEY, _VALIDATION_SET, _VALIDATION_KEY = (
     range(7))
@@ -82,14 +89,27 @@ class MazeState(NamedTuple):
   historical: success.HistoricalState
 
 
+def allocation_config(config: ml_collections.ConfigDict) -> registry.AllocationConfig:
+  """The allocation of `config.method`: "grpo" (uniform counts with GRPO's advantages) or a
+  registered mode the maze can feed (`registry.modes_fed_by(INPUTS)`).
+
+  Raises:
+    ValueError: an unknown method, a mode the maze cannot feed, or a bad allocation value.
+  """
+  validation.choice("config.method", config.method, ("grpo", *registry.MODES))
+  grpo = config.method == "grpo"
+  mode = "uniform" if grpo else config.method
+  registry.require(mode, INPUTS, who="the maze")
+  return registry.AllocationConfig.from_fields(config, prefix="config.", mode=mode,
+                                               estimator="grpo" if grpo else "maxrl")
+
+
 def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> None:
   """Rejects a bad config (for a mesh of `num_devices`) before anything is compiled."""
-  validation.choice("config.method", config.method, METHODS)
+  allocation_config(config)
   validation.integer("config.data_seed", config.data_seed, minimum=0)
   maze_env.check_size(config.maze_size)
   validation.integer("config.max_steps", config.max_steps, minimum=0)
-  allocation._check_bounds(config.baseline_n, config.n_min, config.n_max)
-  validation.in_unit_interval("config.threshold", config.threshold)
   batch = validation.integer("config.batch_size", config.batch_size, minimum=1)
   train = validation.integer("config.num_train_mazes", config.num_train_mazes, minimum=1)
   if train % batch:
@@ -109,10 +129,6 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> 
       batch * config.baseline_n // microbatches, num_devices)
   validation.choice("config.optimizer", config.optimizer, optim.OPTIMIZERS)
   for name in ("learning_rate", "warmup_learning_rate", "grad_clip_norm"):
-    validation.real(f"config.{name}", config[name], positive=True)
-  # The historical estimator's prior and discount are read only at a step; check them now.
-  validation.in_unit_interval("config.discount", config.discount)
-  for name in ("alpha0", "beta0"):
     validation.real(f"config.{name}", config[name], positive=True)
   validation.integer("config.eval_samples", config.eval_samples, minimum=max(PASS_AT_K))
   validation.integer("config.num_eval_mazes", config.num_eval_mazes, minimum=1)
@@ -218,6 +234,7 @@ class MazeTask:
     self.mesh = sharding.make_mesh()
     validate_config(config, self.mesh.devices.size)
     self.config = config
+    self.allocation = allocation_config(config)
     max_steps = config.max_steps or maze_env.max_path_length(config.maze_size) + 1
     self.policy = MazePolicy(config.maze_size, max_steps, config.dim, config.num_layers,
                              config.num_heads)
@@ -315,28 +332,13 @@ class MazeTask:
     return state._replace(params=params, opt_state=opt_state), {"loss": loss,
                                                                 "warmup/nll": loss}
 
-  def _allocation(self, historical: success.HistoricalState, ids: jax.Array):
-    """The method's allocation and its estimated log p (uniform until all have estimates)."""
-    config = self.config
-    log_p, has_estimate = success.historical_estimate(historical, ids, alpha0=config.alpha0,
-                                                      beta0=config.beta0)
-    allocate = functools.partial(allocation.allocate_from_config, log_p, config)
-    uniform = allocate("uniform")
-    if config.method != "sera":
-      return uniform, log_p, has_estimate
-    chosen = jax.tree.map(lambda s, u: jnp.where(jnp.all(has_estimate), s, u),
-                          allocate("sera"), uniform)
-    return chosen, log_p, has_estimate
-
   def _rl_step_fn(self, state: MazeState, ids: jax.Array, step, new_epoch) -> tuple[MazeState,
                                                                                    dict]:
     config = self.config
     num_prompts, budget = config.batch_size, config.batch_size * config.baseline_n
-    historical = jax.tree.map(
-        lambda started, kept: jnp.where(new_epoch, started, kept),
-        success.historical_start_epoch(state.historical, discount=config.discount),
-        state.historical)
-    alloc, log_p, has_estimate = self._allocation(historical, ids)
+    historical, alloc, log_p = historical_allocation(self.allocation, state.historical, ids,
+                                                     new_epoch, True)
+    has_estimate = historical.seen[ids]
 
     mazes = self.train_mazes[ids]
     prompt = sharding.split_rows(flat.rollout_segments(alloc.counts, budget), self.mesh)
@@ -346,7 +348,7 @@ class MazeTask:
     in_episode = jax.vmap(maze_env.episode_mask)(mazes[prompt], actions)
     advantages = flat.flat_advantages(
         rewards, prompt, num_prompts=num_prompts,
-        estimator="grpo" if config.method == "grpo" else "maxrl")
+        estimator=self.allocation.estimator)
     historical = success.historical_stage_flat(historical, ids, rewards, prompt)
 
     # The loss is linear in the log-probabilities: its gradient is sum_b coef_b grad log pi_b,
