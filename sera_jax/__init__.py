@@ -18,6 +18,14 @@ from sera_jax.method.flat import (
     rollout_segments,
     rollout_weights,
 )
+from sera_jax.method.historical import historical_allocation
+from sera_jax.method.registry import (
+    ALLOCATORS,
+    AllocationConfig,
+    AllocationInputs,
+    Allocator,
+    allocate_with,
+)
 from sera_jax.method.scaling import (
     coverage,
     failure_rate,
@@ -51,13 +59,18 @@ except metadata.PackageNotFoundError:  # imported from a source tree that was ne
   __version__ = "0+unknown"
 
 __all__ = [
+    "ALLOCATORS",
     "ESTIMATORS",
     "MODES",
     "Allocation",
+    "AllocationConfig",
+    "AllocationInputs",
+    "Allocator",
     "HistoricalState",
     "Rollouts",
     "advantages",
     "allocate",
+    "allocate_with",
     "clamp_log_p",
     "coverage",
     "estimate_logit_grad",
@@ -69,6 +82,7 @@ __all__ = [
     "fidelity",
     "flat_advantages",
     "flat_policy_loss",
+    "historical_allocation",
     "historical_estimate",
     "historical_init",
     "historical_population_log_p",
