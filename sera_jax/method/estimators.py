@@ -567,7 +567,7 @@ def _rollout_counts(n, dtype, max_n: int | None) -> tuple[jax.Array, int]:
     values = np.asarray(n)
     bad = ~((values >= 0) & (values == np.round(values)))
     if bad.any():
-      raise ValueError(f"n must hold integers >= 0; found {validation._first_bad(bad, values)}.")
+      raise ValueError(f"n must hold integers >= 0; found {validation.first_bad(bad, values)}.")
   return n.astype(dtype), validation.static_width("n", n, "max_n", max_n)
 
 

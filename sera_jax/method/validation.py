@@ -19,7 +19,8 @@ def is_concrete(x: Any) -> bool:
   return not isinstance(x, jax.core.Tracer)
 
 
-def _first_bad(bad: np.ndarray, values: np.ndarray) -> str:
+def first_bad(bad: np.ndarray, values: np.ndarray) -> str:
+  """The first value where `bad` holds, and its index, for an error message."""
   index = np.argwhere(bad)[0]
   where = tuple(int(i) for i in index) if values.ndim else ()
   return f"{values[tuple(index)]!r} at index {where}" if values.ndim else repr(values)
@@ -47,7 +48,7 @@ def log_probabilities(name: str, x: Any) -> jax.Array:
       if bad.any():
         raise ValueError(
             f"{name} must hold finite log-probabilities <= 0; found {what}: "
-            f"{_first_bad(bad, values)}.")
+            f"{first_bad(bad, values)}.")
   return arr
 
 
@@ -59,7 +60,7 @@ def binary(name: str, x: Any) -> jax.Array:
     bad = ~((values == 0) | (values == 1))
     if bad.any():
       raise ValueError(
-          f"{name} must be binary (0 or 1); found {_first_bad(bad, values)}.")
+          f"{name} must be binary (0 or 1); found {first_bad(bad, values)}.")
   return arr.astype(jnp.result_type(float)) if arr.dtype == jnp.bool_ else arr
 
 
@@ -73,7 +74,7 @@ def mask(name: str, x: Any) -> jax.Array:
       if bad.any():
         raise ValueError(
             f"{name} must be boolean-like (bool, or numbers that are all 0/1); "
-            f"found {_first_bad(bad, values)}.")
+            f"found {first_bad(bad, values)}.")
     arr = arr != 0
   return arr
 
