@@ -9,7 +9,8 @@ gsm8k --data_dir=TFDS_DIR`. Nothing here downloads a model or a dataset.
 * Data: tfds "gsm8k" train split, read once into memory; each question with `INSTRUCTION` in
   the tokenizer's chat template, the answer the number after "####", the dataset index the
   example's position in the split, served M a step by `learner.epoch_batches`.
-* `exact_reward`: 1 when the last number of the completion equals the answer.
+* `exact_reward`: 1 when the last number of the completion equals the answer
+  (`grading.number_reward`).
 * `load_pretrained`: the model through Tunix's safetensors loader of its family and the
   tokenizer through Tunix's Hugging Face adapter, both from config.model_dir.
 * `build_learner`, `train`: the RLCluster of `cluster.build` on a (fsdp, tp) mesh and the
@@ -20,10 +21,8 @@ gsm8k --data_dir=TFDS_DIR`. Nothing here downloads a model or a dataset.
 import contextlib
 import dataclasses
 import os
-import re
 import tempfile
 from collections.abc import Iterator, Sequence
-from decimal import Decimal
 
 import jax
 import jax.numpy as jnp
@@ -48,6 +47,7 @@ from sera_jax.common.data.tfds_images import (
 from sera_jax.method import validation
 from sera_jax.settings.llm import cluster as cluster_lib
 from sera_jax.settings.llm import config as llm_config
+from sera_jax.settings.llm import grading
 from sera_jax.settings.llm import learner as learner_lib
 
 GSM8K = "gsm8k"
@@ -62,10 +62,6 @@ _REQUIRED = {
 }
 INSTRUCTION = ("Solve the problem step by step, then write the final answer as a plain number "
                "at the very end.")
-# Thousands separators: a comma between digits followed by exactly three digits.
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
-# A number; a sentence's final period is not a decimal point (a digit must follow it).
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def _require(config: ml_collections.ConfigDict, key: str) -> None:
@@ -76,12 +72,8 @@ def _require(config: ml_collections.ConfigDict, key: str) -> None:
 # ---- data ---------------------------------------------------------------------------------
 
 
-def answer_number(solution: str) -> str:
-  """The final answer of a GSM8K solution: the number after "####", commas removed."""
-  number = solution.rpartition("####")[2].strip().replace(",", "")
-  if "####" not in solution or not _NUMBER.fullmatch(number):
-    raise ValueError(f"a GSM8K answer ends with '#### <number>'; got {solution[-80:]!r}.")
-  return number
+# The final answer of a GSM8K solution: the number after "####", commas removed.
+answer_number = grading.gsm8k_answer
 
 
 def read_gsm8k(data_dir: str, split: str = "train") -> tuple[list[str], list[str]]:
@@ -99,9 +91,10 @@ def read_gsm8k(data_dir: str, split: str = "train") -> tuple[list[str], list[str
           [answer_number(example["answer"].decode()) for example in examples])
 
 
-def prompt(question: str, tokenizer, *, enable_thinking: bool = False) -> str:
-  """The question and `INSTRUCTION`, as a user turn of the tokenizer's chat template if any."""
-  text = f"{question.strip()}\n{INSTRUCTION}"
+def prompt(question: str, tokenizer, *, enable_thinking: bool = False,
+           instruction: str = INSTRUCTION) -> str:
+  """The question and `instruction`, as a user turn of the tokenizer's chat template if any."""
+  text = f"{question.strip()}\n{instruction}"
   if getattr(tokenizer, "chat_template", None) is None:
     return text
   return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
@@ -110,14 +103,17 @@ def prompt(question: str, tokenizer, *, enable_thinking: bool = False) -> str:
 
 
 def problems(questions: Sequence[str], answers: Sequence[str], tokenizer, *,
-             max_prompt_length: int, enable_thinking: bool = False) -> dict[str, np.ndarray]:
-  """The batch columns of every problem: "prompts", "answer" and "idx" (0..P-1).
+             max_prompt_length: int, enable_thinking: bool = False,
+             instruction: str = INSTRUCTION) -> dict[str, np.ndarray]:
+  """The batch columns of every problem: "prompts" (`prompt` with `instruction`), "answer" and
+  "idx" (0..P-1).
 
   Raises:
     ValueError: a prompt is longer than max_prompt_length tokens (Tunix's sampler would
       otherwise fail on the KV cache when a batch first holds it).
   """
-  prompts = [prompt(q, tokenizer, enable_thinking=enable_thinking) for q in questions]
+  prompts = [prompt(q, tokenizer, enable_thinking=enable_thinking, instruction=instruction)
+             for q in questions]
   # Tokens as Tunix's sampler counts them: BOS (when the tokenizer has one), then the text.
   lengths = [len(tokenizer.encode(p)) + bool(tokenizer.bos_id()) for p in prompts]
   longest = int(np.argmax(lengths))
@@ -132,20 +128,8 @@ def problems(questions: Sequence[str], answers: Sequence[str], tokenizer, *,
 # ---- reward -------------------------------------------------------------------------------
 
 
-def last_number(text: str) -> Decimal | None:
-  """The last number written in `text` ("$" and thousands separators dropped), or None."""
-  numbers = _NUMBER.findall(_THOUSANDS.sub("", text.replace("$", "")))
-  return Decimal(numbers[-1]) if numbers else None
-
-
-def exact_reward(prompts, completions, answer, **unused) -> list[float]:
-  """1 when the completion's last number equals the answer as a number (18.00 == 18), else 0."""
-  del prompts, unused
-  rewards = []
-  for completion, target in zip(completions, answer, strict=True):
-    guess = last_number(completion)
-    rewards.append(float(guess is not None and guess == Decimal(str(target))))
-  return rewards
+# 1 when the completion's last number equals the answer as a number (18.00 == 18), else 0.
+exact_reward = grading.number_reward
 
 
 # ---- model and tokenizer ------------------------------------------------------------------
