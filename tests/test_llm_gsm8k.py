@@ -7,15 +7,12 @@ import dataclasses
 
 import gcs_double
 import jax
-import ml_dtypes
 import numpy as np
 import pytest
 import safetensors.numpy
 import tensorflow_datasets as tfds
-import tokenizers
-import transformers
 from flax import nnx
-from tokenizers import decoders, pre_tokenizers
+from tiny_qwen import TINY, hf_checkpoint, save_tokenizer
 from tunix.models.qwen3 import model as qwen3
 
 from sera_jax.common.tf import tensorflow
@@ -24,57 +21,14 @@ from sera_jax.harness.configs import gsm8k_qwen3
 from sera_jax.settings.llm import config as llm_config
 from sera_jax.settings.llm import gsm8k, tiny
 
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # Qwen's pad, turn start, EOS
-CHATML = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-TINY = qwen3.ModelConfig(num_layers=1, vocab_size=256 + len(SPECIAL_TOKENS), embed_dim=32,
-                         hidden_dim=64, num_heads=2, head_dim=16, num_kv_heads=1,
-                         rope_theta=10_000, norm_eps=1e-6, use_tied_embedding=False)
 # GSM8K-shaped problems, thousands separators included: a + b pens.
 PENS = [(1200, 300), (7, 5), (45, 1955), (3, 4), (250, 250), (9, 0), (1000, 24), (12, 30)]
-
-
-def _save_tokenizer(directory) -> None:
-  """A byte-level BPE (every byte a token, no merges) with Qwen's special tokens and a ChatML
-  template, saved as Hugging Face tokenizer files: any text encodes, offline."""
-  vocab = {symbol: i for i, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-  backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
-  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-  backend.decoder = decoders.ByteLevel()
-  backend.add_special_tokens(list(SPECIAL_TOKENS))
-  tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend,
-                                                   pad_token="<|endoftext|>",
-                                                   eos_token="<|im_end|>")
-  tokenizer.chat_template = CHATML
-  tokenizer.save_pretrained(str(directory))
-
-
-def _hf_checkpoint(rng: np.random.Generator) -> dict[str, np.ndarray]:
-  """Random bfloat16 tensors of TINY under Hugging Face's Qwen3 names and layouts."""
-  c = TINY
-  shapes = {"model.embed_tokens.weight": (c.vocab_size, c.embed_dim),
-            "model.norm.weight": (c.embed_dim,),
-            "lm_head.weight": (c.vocab_size, c.embed_dim)}
-  layer = "model.layers.0."
-  shapes |= {layer + "self_attn.q_proj.weight": (c.num_heads * c.head_dim, c.embed_dim),
-             layer + "self_attn.k_proj.weight": (c.num_kv_heads * c.head_dim, c.embed_dim),
-             layer + "self_attn.v_proj.weight": (c.num_kv_heads * c.head_dim, c.embed_dim),
-             layer + "self_attn.o_proj.weight": (c.embed_dim, c.num_heads * c.head_dim),
-             layer + "self_attn.q_norm.weight": (c.head_dim,),
-             layer + "self_attn.k_norm.weight": (c.head_dim,),
-             layer + "mlp.gate_proj.weight": (c.hidden_dim, c.embed_dim),
-             layer + "mlp.up_proj.weight": (c.hidden_dim, c.embed_dim),
-             layer + "mlp.down_proj.weight": (c.embed_dim, c.hidden_dim),
-             layer + "input_layernorm.weight": (c.embed_dim,),
-             layer + "post_attention_layernorm.weight": (c.embed_dim,)}
-  return {name: rng.normal(size=shape).astype(ml_dtypes.bfloat16)
-          for name, shape in shapes.items()}
 
 
 @pytest.fixture(scope="module")
 def tokenizer_dir(tmp_path_factory):
   directory = tmp_path_factory.mktemp("tokenizer")
-  _save_tokenizer(directory)
+  save_tokenizer(directory)
   return directory
 
 
@@ -205,9 +159,9 @@ def test_the_model_and_tokenizer_load_from_model_dir(tmp_path, storage):
   root = tmp_path / "bucket_root"
   directory = root / "bucket" / "qwen3"
   directory.mkdir(parents=True)
-  tensors = _hf_checkpoint(np.random.default_rng(0))
+  tensors = hf_checkpoint(np.random.default_rng(0))
   safetensors.numpy.save_file(tensors, str(directory / "model.safetensors"))
-  _save_tokenizer(directory)
+  save_tokenizer(directory)
   config = configs.load("gsm8k_qwen3")
   config.model_dir = "gs://bucket/qwen3" if storage == "gs" else str(directory)
   mesh = gsm8k.make_mesh(config)
@@ -245,7 +199,7 @@ def test_load_pretrained_names_a_missing_checkpoint(tmp_path):
   mesh = gsm8k.make_mesh(config)
   with pytest.raises(FileNotFoundError, match="does not exist"):
     gsm8k.load_pretrained(config, mesh)
-  _save_tokenizer(tmp_path / "tokenizer_only")
+  save_tokenizer(tmp_path / "tokenizer_only")
   config.model_dir = str(tmp_path / "tokenizer_only")
   with pytest.raises(FileNotFoundError, match=r"holds no \*.safetensors"):
     gsm8k.load_pretrained(config, mesh)
