@@ -6,13 +6,18 @@
   sera-jax sweep [--config NAME|FILE] --grid KEY=V1,V2,... [--grid ...] [--workdir-root DIR]
                  [--print-commands]
   sera-jax figure budget|scale|ablations|outcome|maze|math|scaling [--out DIR] ...
+  sera-jax evaluate [--config NAME|FILE] [--config.KEY=VALUE ...] --data [NAME:]FORMAT=PATH
+                    [--data ...] [--samples N] [--out DIR] [--step STEP] ...
 
 With no arguments `train` runs the shipped config `default` (SERA on the
 embedded digits) into runs/default-sera. Shipped configs: CONFIGS.
 A gsm8k config trains through Tunix (the [llm] extra) and writes only to its
 config.checkpoint_dir and config.log_dir, so it takes no --workdir or --resume.
 Every figure writes its PNG and CSV into the directory --out (default
-docs/figures); `sera-jax COMMAND --help` lists a command's options.
+docs/figures). `evaluate` scores an LLM config's policy (default gsm8k_qwen3:
+config.model_dir's weights, or the actor trained into config.checkpoint_dir)
+on problem files: pass@k, mean@n and greedy accuracy into --out. `sera-jax
+COMMAND --help` lists a command's options.
 """
 
 import importlib
@@ -22,12 +27,14 @@ import pathlib
 import sys
 
 from absl import flags
+from ml_collections import config_flags
 
 from sera_jax.common import files
 from sera_jax.harness import configs
 
 USAGE = __doc__.replace("CONFIGS", ", ".join(configs.names()))
 TRAIN_USAGE = "usage:" + USAGE.split("  sera-jax plot")[0].split("command.")[1].rstrip()
+EVALUATE_USAGE = "usage:\n" + USAGE[USAGE.index("  sera-jax evaluate"):].split("\n\n")[0]
 FIGURES = ("budget", "scale", "ablations", "outcome", "maze", "math", "scaling")
 LOOP_TASKS = ("classification", "maze")  # sera_jax.harness.train's; "gsm8k" is Tunix's
 
@@ -136,7 +143,72 @@ def figure(argv: list[str]) -> None:
   importlib.import_module(f"sera_jax.harness.figures.{argv[0]}").main(argv[1:])
 
 
-COMMANDS = {"train": train, "plot": plot, "sweep": sweep, "figure": figure}
+def evaluate_flags(argv: list[str]) -> flags.FlagValues:
+  """The parsed flags of `sera-jax evaluate` (argv[0] is the program name)."""
+  from sera_jax.settings.llm import data
+  argv = configs._resolve_config_argument(argv)  # a shipped config's name -> its file
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file(
+      "config", str(configs.config_file("gsm8k_qwen3")), configs.help_text(),
+      flag_values=values, lock_config=True, sys_argv=argv)
+  flags.DEFINE_multi_string(
+      "data", [], f"A benchmark, [NAME:]FORMAT=PATH: a .parquet or .jsonl problem file (local or "
+      f"gs://) in one of the formats {', '.join(data.FORMATS)} (sera_jax.settings.llm.data); "
+      f"NAME (default the file's name) labels its results",
+      flag_values=values)
+  flags.DEFINE_integer("samples", 16, "n: sampled completions a problem.", lower_bound=1,
+                       flag_values=values)
+  flags.DEFINE_string("out", "eval", "Output directory (local or gs://): pass_at_k.csv, "
+                      "pass_at_k.png, samples.jsonl.", flag_values=values)
+  flags.DEFINE_integer("step", None, "The step of config.checkpoint_dir to evaluate "
+                       "(default its latest).", flag_values=values)
+  flags.DEFINE_bool("greedy", True, "Also score one greedy completion a problem.",
+                    flag_values=values)
+  flags.DEFINE_float("top_p", 1.0, "Nucleus of the sampled completions (their temperature is "
+                     "config.temperature).", flag_values=values)
+  flags.DEFINE_integer("seed", 0, "Seed of the sampling keys.", flag_values=values)
+  flags.DEFINE_integer("grading_processes", min(8, os.cpu_count() or 1),
+                       "Worker processes grading MATH-style answers with math-verify.",
+                       lower_bound=1, flag_values=values)
+  flags.DEFINE_float("grading_deadline", 10.0, "Seconds an answer may take to grade; one that "
+                     "takes longer is graded 0.", flag_values=values)
+  values(argv)
+  return values
+
+
+def evaluate(argv: list[str]) -> None:
+  """Scores an LLM config's policy on benchmark files (sera_jax.settings.llm.evaluate)."""
+  argv = ["sera-jax evaluate", *argv]
+  try:
+    from sera_jax.settings.llm import evaluate as evaluation
+  except ImportError as error:
+    raise SystemExit(f"error: sera-jax evaluate needs the [llm] extra "
+                     f"(pip install -e '.[llm]'): {error}") from None
+  if "--help" in argv or "-h" in argv:
+    print(EVALUATE_USAGE)
+    print(evaluate_flags(["sera-jax evaluate"]).module_help(__name__))
+    return
+  try:
+    values = evaluate_flags(argv)
+    if values.config.get("task") != "gsm8k":
+      raise ValueError(f"sera-jax evaluate scores the policy of an LLM config (task gsm8k, "
+                       f"like gsm8k_qwen3); got task {values.config.get('task')!r}.")
+    if not values.data:
+      raise ValueError("give at least one benchmark: --data [NAME:]FORMAT=PATH.")
+    rows = evaluation.evaluate(
+        values.config, [evaluation.parse_benchmark(spec) for spec in values.data], values.out,
+        samples=values.samples, greedy=values.greedy, top_p=values.top_p, seed=values.seed,
+        step=values.step, grading_processes=values.grading_processes,
+        grading_deadline_s=values.grading_deadline)
+  except (flags.Error, AttributeError, KeyError, ValueError, TypeError,
+          FileNotFoundError) as error:
+    raise SystemExit(f"error: {error}") from None
+  for row in rows:
+    print(json.dumps(row))
+  print(f"outputs in {values.out}")
+
+
+COMMANDS = {"train": train, "plot": plot, "sweep": sweep, "figure": figure, "evaluate": evaluate}
 
 
 def main(argv: list[str] | None = None) -> None:
