@@ -136,7 +136,9 @@ class MathGrader:
   A worker still grading after its deadline (or dead) is killed and replaced and its answer
   graded 0 (`failures` counts them). Workers are spawned, not forked, and start with the
   grader (a few seconds each, outside any deadline). One call grades at a time; calls may come
-  from any thread. Close the grader (or use it as a context manager) to stop the workers.
+  from any thread. Close the grader (or use it as a context manager) to stop the workers. As
+  for any spawned process, a script that makes one guards its entry point with
+  `if __name__ == "__main__":` (the workers import the script's module).
   """
 
   def __init__(self, processes: int = 1, deadline_s: float = 10.0):
