@@ -192,6 +192,46 @@ def test_imported_names_resolve_modules_and_names_in_modules():
   assert {"sera_jax.harness.configs", "sera_jax.harness.train"} <= names
 
 
+def private_uses(path: pathlib.Path, known: set[str], own: str | None = None) -> list[str]:
+  """'A uses B._c' for each private name `_c` that module A (`path`, named `own`) takes from
+  another sera_jax module B: `from B import _c`, or `B._c` on a name bound to B by an import."""
+  own = own or module_name(path)
+  tree = ast.parse(path.read_text(), filename=str(path))
+  bound = {}  # local name -> the sera_jax module it is bound to
+  uses = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      bound.update({(alias.asname or alias.name): alias.name for alias in node.names
+                    if alias.name in known})
+    elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sera_jax"):
+      for alias in node.names:
+        candidate = f"{node.module}.{alias.name}"
+        if candidate in known:
+          bound[alias.asname or alias.name] = candidate
+        elif alias.name.startswith("_") and node.module != own:
+          uses.append(f"{own} uses {node.module}.{alias.name}")
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        and node.value.id in bound and bound[node.value.id] != own
+        and node.attr.startswith("_") and not node.attr.startswith("__")):
+      uses.append(f"{own} uses {bound[node.value.id]}.{node.attr}")
+  return sorted(set(uses))
+
+
+def test_private_uses_finds_private_names_taken_across_modules(tmp_path):
+  module = PACKAGE / "harness" / "cli.py"
+  known = set(modules_of("sera_jax"))
+  assert private_uses(module, known) == []
+  fake = tmp_path / "sera_jax" / "harness" / "fake.py"
+  fake.parent.mkdir(parents=True)
+  fake.write_text("from sera_jax.method import allocation\n"
+                  "from sera_jax.method.validation import _hidden\n"
+                  "allocation._check(allocation.allocate, allocation.__name__)\n")
+  assert private_uses(fake, known, "sera_jax.harness.fake") == [
+      "sera_jax.harness.fake uses sera_jax.method.allocation._check",
+      "sera_jax.harness.fake uses sera_jax.method.validation._hidden"]
+
+
 # ----------------------------------------------------------------------------- the package
 
 
@@ -235,3 +275,9 @@ def test_experiments_import_only_the_harness():
 @pytest.mark.parametrize("name", sorted(modules_of("sera_jax")))
 def test_every_module_imports(name):
   importlib.import_module(name)
+
+
+def test_no_module_takes_a_private_name_from_another():
+  known = set(modules_of("sera_jax"))
+  uses = [use for path in modules_of("sera_jax").values() for use in private_uses(path, known)]
+  assert uses == [], "private helpers used across modules; make them public or move them"

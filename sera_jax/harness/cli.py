@@ -146,7 +146,7 @@ def figure(argv: list[str]) -> None:
 def evaluate_flags(argv: list[str]) -> flags.FlagValues:
   """The parsed flags of `sera-jax evaluate` (argv[0] is the program name)."""
   from sera_jax.settings.llm import data
-  argv = configs._resolve_config_argument(argv)  # a shipped config's name -> its file
+  argv = configs.resolve_config_argument(argv)  # a shipped config's name -> its file
   values = flags.FlagValues()
   config_flags.DEFINE_config_file(
       "config", str(configs.config_file("gsm8k_qwen3")), configs.help_text(),

@@ -54,7 +54,7 @@ def load(name_or_path: str | pathlib.Path) -> ml_collections.ConfigDict:
   return module.get_config()
 
 
-def _resolve_config_argument(argv: list[str]) -> list[str]:
+def resolve_config_argument(argv: list[str]) -> list[str]:
   """`argv` with the value of --config (a name or a path) replaced by its file."""
   resolved = list(argv)
   for index, arg in enumerate(resolved):
@@ -72,7 +72,7 @@ def train_flags(argv: list[str]) -> flags.FlagValues:
     FileNotFoundError: --config names no file and no shipped config.
     flags.Error, AttributeError, KeyError, ValueError: a bad flag or config override.
   """
-  argv = _resolve_config_argument(argv)
+  argv = resolve_config_argument(argv)
   values = flags.FlagValues()
   # config_flags reads the --config.KEY overrides from sys_argv when defining them.
   config_flags.DEFINE_config_file(
