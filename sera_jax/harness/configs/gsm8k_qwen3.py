@@ -57,10 +57,10 @@ def get_config():
   config.max_tokens_to_generate = 1024
   config.kv_cache_size = 1280  # >= max_prompt_length + max_tokens_to_generate
   config.temperature = 1.0
-  # Stop tokens besides the tokenizer's EOS (Qwen's chat models: <|im_end|>, the end of a
-  # turn). None: SeraLearner trains the stop token each rollout sampled, which Tunix's sampler
-  # does not return, so it refuses a second one.
-  config.stop_tokens = ()
+  # Stop tokens besides the tokenizer's EOS, each one token of the vocabulary: Qwen's chat
+  # models end a turn with <|im_end|>, a base checkpoint's EOS is <|endoftext|>. SeraLearner
+  # trains whichever one each rollout sampled (docs/llm.md, "Stop tokens").
+  config.stop_tokens = ("<|im_end|>",)
   config.rollout_seed = 0  # each generation its own key
   # Memory: the budget B = 4096 rollouts is generated generation_batch_size at a time (the
   # KV cache, whole on every device) and trained train_micro_batch_size prompts' rollouts at

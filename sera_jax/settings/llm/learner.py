@@ -201,8 +201,8 @@ class Rollouts(NamedTuple):
     example: their TrainExample as Tunix's GRPO learner makes it, but for advantages (None:
       the caller's); its completion mask is Tunix's, the completion ids other than the pad id.
     rewards: float32 [B], each rollout's reward (0 or 1).
-    lengths: [B], the tokens of each rollout's score: those sampled and, when it stopped, its
-      EOS.
+    lengths: [B], the tokens of each rollout's score: those sampled and, when it stopped, the
+      stop token it sampled.
     completions: the B completions' text, as the reward functions read it.
   """
   example: common.TrainExample
@@ -248,6 +248,9 @@ class SeraLearner(tunix_compat.WholeBatchLearner[SeraConfig]):
     self.batches_seen = 0
     self.last_counts = self.last_log_p = self.last_rewards = self.last_alignment = None
     self._evaluations = 0
+    self.forbidden = self._check_sampling()
+    tunix_compat.sample_policy(self.rl_cluster.rollout, self.forbidden)
+    tunix_compat.score_policy(self.rl_cluster.actor_trainer, self.forbidden)
     if algo_config.rollout_seed is not None:
       tunix_compat.seed_each_generation(self.rl_cluster.rollout)
     self._allocate_step = jax.jit(self._allocate_fn)
@@ -286,7 +289,7 @@ class SeraLearner(tunix_compat.WholeBatchLearner[SeraConfig]):
     new_epoch = training and self.batches_seen > 0 and self.batches_seen % steps_per_epoch == 0
     oracle_log_p = None
     if training and callable(config.log_p_source):
-      oracle_log_p = config.log_p_source(self.rl_cluster.actor_trainer.model, batch)
+      oracle_log_p = config.log_p_source(self.policy(self.rl_cluster.actor_trainer.model), batch)
     historical, alloc, log_p = self._allocate_step(self.historical, ids, new_epoch, training,
                                                    oracle_log_p)
     counts = np.asarray(alloc.counts)
@@ -351,6 +354,36 @@ class SeraLearner(tunix_compat.WholeBatchLearner[SeraConfig]):
                        f"divide, so Tunix would replicate it on every device: choose "
                        f"batch_size, num_generations and train_micro_batch_size so they do.")
 
+  def _check_sampling(self) -> tuple[int, ...]:
+    """The tokens the policy may not emit; raises unless the training rollouts sample the law
+    the loss scores (docs/llm.md, "The sampled policy").
+
+    The loss scores log softmax(logits / T) at the rollouts' temperature T (Tunix's
+    GRPOLearner sets the loss's from the training rollout config), so the rollouts must
+    sample that softmax whole: top_p 1 (None is greedy), no top_k, T > 0. PAD may not be
+    emitted unless it stops a rollout: Tunix's loss skips a PAD inside a completion (its
+    positions and attention come from the pad mask) where the sampler does not, so the
+    sampler never samples it (`tunix_compat.sample_policy`) and the loss and the exact log p
+    score the same masked softmax (`tunix_compat.PolicyLogits`).
+    """
+    config = self.rl_cluster.get_rollout_config(rl_cluster_lib.Mode.TRAIN)
+    top_k = config.top_k if config.top_k is not None and config.top_k > 0 else None
+    if (config.top_p is None or config.top_p < 1.0 or top_k is not None
+        or not config.temperature > 0 or self.algo_config.temperature != config.temperature):
+      raise ValueError(f"SeraLearner scores the full softmax at the rollouts' temperature "
+                       f"(the loss's, {self.algo_config.temperature}), so its rollouts must "
+                       f"sample it: top_p=1.0, top_k=None, temperature > 0; got "
+                       f"top_p={config.top_p}, top_k={config.top_k}, "
+                       f"temperature={config.temperature}.")
+    rollout = self.rl_cluster.rollout
+    stops = config.eos_tokens or [rollout.eos_id()]
+    return () if rollout.pad_id() in stops else (rollout.pad_id(),)
+
+  def policy(self, model: nnx.Module) -> tunix_compat.PolicyLogits:
+    """`model` as the law the rollouts sample: its logits, the tokens it may not emit masked,
+    over the training temperature; what `exact_log_p` and `log_p_source` are given."""
+    return tunix_compat.PolicyLogits(model, self.forbidden, self.algo_config.temperature)
+
   def generate_and_score(self, requests: dict[str, np.ndarray], mode: rl_cluster_lib.Mode,
                          chunk: int) -> Rollouts:
     """Generates a rollout of each request, `chunk` at a time, and scores it.
@@ -359,27 +392,26 @@ class SeraLearner(tunix_compat.WholeBatchLearner[SeraConfig]):
     does not call), with the model's rematerialisation off (`tunix_compat.without_remat`),
     each chunk sampled with its own key when rollout_seed is set (`_batch_key`), and the
     score of what was sampled: Tunix's sampler returns a completion up to, not including,
-    its first EOS, and its learner masks completion ids equal to the pad id, so the EOS that
-    ended a rollout would never be trained (nor survive a tokenizer whose pad id is its EOS
-    id). A rollout shorter than max_tokens_to_generate stopped at an EOS, which goes back
-    after its tokens; a rollout of max_tokens_to_generate was cut off and has none. The
-    returned lengths count both, and `process_batch` masks each row by its length, so
+    the first of its stop tokens (eos_tokens, default the tokenizer's EOS), and its learner
+    masks completion ids equal to the pad id, so the stop token that ended a rollout would
+    never be trained (nor survive a stop token that is the pad id). A rollout shorter than
+    max_tokens_to_generate stopped at the token `tunix_compat.recorded_stops` reads, which
+    goes back after its tokens; a rollout of max_tokens_to_generate was cut off and has none.
+    The returned lengths count both, and `process_batch` masks each row by its length, so
     log pi(y) is the score of the whole sampled sequence.
     """
     cluster = self.rl_cluster
     rollout_config = cluster.get_rollout_config(mode)
-    if rollout_config.eos_tokens is not None and len(rollout_config.eos_tokens) > 1:
-      raise ValueError("SeraLearner trains the stop token each rollout sampled, which the "
-                       "sampler does not return: give one EOS, not eos_tokens = "
-                       f"{rollout_config.eos_tokens}.")
     prompts = list(requests["prompts"])
     key = self._batch_key(mode) if self.algo_config.rollout_seed is not None else None
-    with tunix_compat.without_remat(cluster.rollout.model()), tunix_compat.chunk_keys(key):
+    with (tunix_compat.without_remat(cluster.rollout.model()), tunix_compat.chunk_keys(key),
+          tunix_compat.recorded_stops() as stops):
       output = cluster.generate(prompts=prompts, mode=mode, micro_batch_size=chunk)
+      limit = rollout_config.max_tokens_to_generate
+      stopped_by = stops(output.tokens, limit)
     pad, eos = cluster.rollout.pad_id(), cluster.rollout.eos_id()
-    limit = rollout_config.max_tokens_to_generate
-    tokens = [np.append(row, np.asarray(eos, row.dtype)) if len(row) < limit else row
-              for row in output.tokens]
+    tokens = [row if stop < 0 else np.append(row, np.asarray(stop, row.dtype))
+              for row, stop in zip(output.tokens, stopped_by, strict=True)]
     completion_ids = np.array([generate_utils.pad_to_length(row, target_length=limit,
                                                             pad_value=pad, left=False)
                                for row in tokens])
@@ -451,7 +483,7 @@ class SeraLearner(tunix_compat.WholeBatchLearner[SeraConfig]):
     step's allocation metrics.
 
     The mask holds each row's first `lengths` tokens, the score of what was sampled
-    (its tokens and, when it stopped, its EOS; see `generate_and_score`), in place
+    (its tokens and, when it stopped, its stop token; see `generate_and_score`), in place
     of Tunix's mask of the tokens that differ from the pad id.
     """
     config = self.algo_config
@@ -497,7 +529,7 @@ class SeraLearner(tunix_compat.WholeBatchLearner[SeraConfig]):
                                   self.realized_gradient(train_slices)[None]])
     gram = flat_grads @ flat_grads.T
     norms = jnp.sqrt(jnp.diag(gram))
-    log_p = self.algo_config.exact_log_p(self.rl_cluster.actor_trainer.model, batch)
+    log_p = self.algo_config.exact_log_p(self.policy(self.rl_cluster.actor_trainer.model), batch)
     metrics = {"exact_log_p/mean": float(jnp.mean(log_p))}
     for row, name in ((1, "expected"), (2, "uniform_expected"), (3, "realized")):
       # 0 where a gradient is 0 (no group mixed), as in the classification setting.
@@ -520,7 +552,7 @@ class SeraLearner(tunix_compat.WholeBatchLearner[SeraConfig]):
     graph, params, rest = nnx.split(self.rl_cluster.actor_trainer.model, nnx.Param, ...)
 
     def log_p_of(params):
-      return config.exact_log_p(nnx.merge(graph, params, rest), batch)
+      return config.exact_log_p(self.policy(nnx.merge(graph, params, rest)), batch)
 
     log_p, vjp = jax.vjp(log_p_of, params)
     log_p = jax.lax.stop_gradient(log_p)

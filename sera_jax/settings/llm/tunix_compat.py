@@ -19,15 +19,20 @@ Learner hooks overridden (`WholeBatchLearner`; no public hook hands a learner a 
   learner generates and scores through the public API (`SeraLearner.generate_and_score`) and
   keeps that method's TrainExample fields and its rewards/score/* and completions/*_length
   metrics. Missing seam: a hook between generation and padding (to give each stopped rollout
-  its EOS back and keep its length) and a way to return rewards and completions with the
-  example.
+  the stop token it sampled back and keep its length) and a way to return rewards and
+  completions with the example.
+* the actor trainer's loss (`score_policy`): `GRPOLearner.__init__` sets it (`with_loss_fn`)
+  to the registered policy loss of the actor model; it is wrapped to score the
+  `PolicyLogits` of the model, the law the sampler samples (tokens it may not emit masked).
 
 Private members read (no public accessor in 0.1.7):
 
 * `RLLearner._rollout_micro_batch_size`, `_compute_logps_micro_batch_size` (set by
   `RLLearner.train`): `WholeBatchLearner.micro_batch_sizes`;
 * `RLLearner._compute_rewards` (rl/rl_learner.py): `WholeBatchLearner.compute_rewards`;
-* `PeftTrainer._has_aux` (sft/peft_trainer.py, set by `with_loss_fn`): `training_loss`;
+* `PeftTrainer._has_aux` (sft/peft_trainer.py, set by `with_loss_fn`): `training_loss`,
+  `score_policy`;
+* `VanillaRollout._sampler` (rl/rollout/vanilla_rollout.py): `sample_policy`.
 * `PeftTrainer._restored_custom_metadata` (sft/peft_trainer.py `PeftTrainer.__init__`; rl/trainer.py
   `Trainer.restored_global_step` reads only its "global_step"): `restored_metadata`;
 * `CheckpointManager._checkpoint_manager` (sft/checkpoint_manager.py, the Orbax manager, None
@@ -43,6 +48,13 @@ Patched, on the instances of one cluster:
   sft/peft_trainer.py `PeftTrainer._save_last_checkpoint` (the save on close) passes no
   metadata, and `PeftTrainer.train` calls it on every micro-step (for trace tags), where the
   estimator would be serialised each time instead of once a saved checkpoint.
+* the sampler's `init_sample_state` and `_compiled_decode_fn` (`sample_policy`;
+  generate/sampler.py `Sampler.__call__` calls both on the instance): the first adds tokens the
+  policy may not emit to `forbidden_token_ids` (the vanilla rollout passes none; the sampler
+  sets their logits to -inf before sampling); the second records each call's token buffer
+  inside `recorded_stops`, where the token that stopped each rollout lies (`Sampler.__call__`
+  returns a completion up to, not including, its first stop token, and not which one it was).
+  Missing seams: a rollout's forbidden tokens, and the stop token it sampled.
 * the rollout model's `config.remat_config` (`without_remat`): generate/sampler.py
   `Sampler._sample_step` merges the model inside the decode loop's body, where an nnx.remat
   layer cannot be traced.
@@ -52,8 +64,9 @@ import abc
 import contextlib
 import contextvars
 import dataclasses
+import inspect
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -61,6 +74,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from tunix.generate import sampler as sampler_lib
 from tunix.rl import common
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl import utils as rl_utils
@@ -252,3 +266,110 @@ def without_remat(model: nnx.Module) -> Iterator[None]:
     yield
   finally:
     config.remat_config = remat
+
+
+# Finite, so log-probabilities and their gradients stay finite, and far enough below any logit
+# that exp(MASKED_LOGIT - max) is exactly 0 in float32, as exp(-inf) is in the sampler.
+MASKED_LOGIT = -1e9
+
+
+class PolicyLogits(nnx.Module):
+  """The logits of the law the learner samples: `model`'s, `forbidden` tokens masked (the
+  sampler's forbidden tokens), divided by `temperature`.
+
+  Called as a Tunix model, (tokens, positions, cache, attention_mask, ...) -> (logits, cache);
+  keyword arguments `model` does not take (Tunix passes segment_ids to any model whose call
+  takes **kwargs) are dropped.
+  """
+
+  def __init__(self, model: nnx.Module, forbidden: Sequence[int], temperature: float = 1.0):
+    self.model = model
+    self.forbidden = tuple(int(token) for token in forbidden)
+    self.temperature = float(temperature)
+
+  def __call__(self, input_tokens, positions, cache, attention_mask=None, **kwargs):
+    accepted = inspect.signature(self.model.__call__).parameters
+    kwargs = {name: value for name, value in kwargs.items() if name in accepted}
+    logits, cache = self.model(input_tokens, positions, cache, attention_mask, **kwargs)
+    if self.forbidden:
+      masked = np.isin(np.arange(logits.shape[-1]), self.forbidden)
+      logits = jnp.where(masked, jnp.asarray(MASKED_LOGIT, logits.dtype), logits)
+    if self.temperature != 1.0:
+      logits = logits / jnp.asarray(self.temperature, logits.dtype)
+    return logits, cache
+
+
+def score_policy(trainer: peft_trainer.PeftTrainer, forbidden: Sequence[int]) -> None:
+  """Makes `trainer`'s loss (Tunix's policy loss of the actor model) score `PolicyLogits` of
+  the model with `forbidden` masked; Tunix's loss divides by the temperature itself."""
+  if not forbidden:
+    return
+  loss = trainer.loss_fn
+
+  # GRPOLearner's loss signature: PeftTrainer's nnx.grad binds the keywords to positions.
+  def loss_of_policy(model, train_example, algo_config):
+    return loss(PolicyLogits(model, forbidden), train_example, algo_config)
+
+  trainer.with_loss_fn(loss_of_policy, has_aux=trainer._has_aux)
+
+
+@dataclasses.dataclass
+class _Buffers:
+  """The token buffers of the sampler calls of one `recorded_stops` block, in order."""
+  buffers: list[jax.Array] = dataclasses.field(default_factory=list)
+
+
+_BUFFERS: contextvars.ContextVar[_Buffers | None] = contextvars.ContextVar(
+    "sera_jax_token_buffers", default=None)
+
+
+def sample_policy(rollout: base_rollout.BaseRollout, forbidden: Sequence[int]) -> None:
+  """Makes `rollout`'s sampler never emit `forbidden` and lets `recorded_stops` read the token
+  that stopped each of its rollouts. Raises TypeError unless `rollout` is Tunix's vanilla
+  rollout (rollout_engine "vanilla"), whose sampler is the one patched."""
+  sampler = getattr(rollout, "_sampler", None)
+  if not isinstance(sampler, sampler_lib.Sampler):
+    raise TypeError(f"SeraLearner reads the stop token each rollout sampled from Tunix's "
+                    f"vanilla sampler: use rollout_engine='vanilla' (got "
+                    f"{type(rollout).__name__}).")
+  init, decode = sampler.init_sample_state, sampler._compiled_decode_fn
+  extra = tuple(int(token) for token in forbidden)
+
+  def init_forbidding(*args, forbidden_token_ids=None, **kwargs):
+    ids = tuple(sorted({*(forbidden_token_ids or ()), *extra})) or None
+    return init(*args, forbidden_token_ids=ids, **kwargs)
+
+  def decode_recording(*args, **kwargs):
+    state = decode(*args, **kwargs)
+    record = _BUFFERS.get()
+    if record is not None:
+      record.buffers.append(state.token_buffer)
+    return state
+
+  sampler.init_sample_state = init_forbidding
+  sampler._compiled_decode_fn = decode_recording
+
+
+@contextlib.contextmanager
+def recorded_stops() -> Iterator[Callable[[Sequence[np.ndarray], int], np.ndarray]]:
+  """Records the sampler calls in the block (of a rollout `sample_policy` patched); yields
+  stops(tokens, limit): the token that stopped each of the completions `tokens` (the calls'
+  in order, as `RLCluster.generate` concatenates them) and -1 for one cut off at `limit`
+  tokens. A completion of `limit` tokens was cut off: the sampler stops at a stop token only
+  within its max_tokens_to_generate."""
+  record = _Buffers()
+  token = _BUFFERS.set(record)
+
+  def stops(tokens: Sequence[np.ndarray], limit: int) -> np.ndarray:
+    rows = [row for buffer in record.buffers for row in np.asarray(buffer)]
+    if len(rows) != len(tokens):
+      raise RuntimeError(f"{len(tokens)} completions but {len(rows)} sampled rows recorded: "
+                         f"was the rollout patched by tunix_compat.sample_policy?")
+    # Each buffer is [prompt width + limit]; a completion starts after the prompt width.
+    return np.array([row[len(row) - limit + len(completion)] if len(completion) < limit
+                     else -1 for row, completion in zip(rows, tokens, strict=True)], np.int64)
+
+  try:
+    yield stops
+  finally:
+    _BUFFERS.reset(token)
