@@ -65,7 +65,10 @@ class AllocationConfig:
     normalize_by_rollout_count, normalize_by_rho: SERA's weights
       (docs/method.md#weights-and-the-loss); the baselines' weights are always N0 / n_q.
     round_size: adaptive sampling's rollouts per open prompt and round (>= 1).
-    estimator: the advantage estimator the weights go with (`sera_jax.ESTIMATORS`).
+    estimator: the advantage estimator the weights go with: a registered name
+      (`sera_jax.method.estimators.registered_estimators()`).
+    estimator_kwargs: its keyword parameters (a mapping, e.g. {"k": 4} for "pkpo"), held as
+      sorted (name, value) pairs so that the config stays hashable.
     discount, alpha0, beta0: the historical estimator (docs/method.md#estimating-p):
       discount in [0, 1], the Beta prior's alpha0, beta0 > 0.
   """
@@ -78,6 +81,7 @@ class AllocationConfig:
   normalize_by_rho: bool = False
   round_size: int = ROUND_SIZE
   estimator: str = "maxrl"
+  estimator_kwargs: Mapping[str, Any] | tuple[tuple[str, Any], ...] = ()
   discount: float = success.DISCOUNT
   alpha0: float = success.ALPHA0
   beta0: float = success.BETA0
@@ -94,13 +98,21 @@ class AllocationConfig:
                                                self.normalize_by_rollout_count),
         "normalize_by_rho": _boolean("normalize_by_rho", self.normalize_by_rho),
         "round_size": validation.integer("round_size", self.round_size, minimum=1),
-        "estimator": validation.choice("estimator", self.estimator, estimators.ESTIMATORS),
+        "estimator": validation.choice("estimator", self.estimator,
+                                       tuple(estimators.registered_estimators())),
+        "estimator_kwargs": _keyword_pairs("estimator_kwargs", self.estimator_kwargs),
         "discount": _unit_interval("discount", self.discount),
         "alpha0": validation.real("alpha0", self.alpha0, positive=True),
         "beta0": validation.real("beta0", self.beta0, positive=True),
     }
     for name, value in checked.items():  # plain Python values: equal configs hash alike
       object.__setattr__(self, name, value)
+    _estimator_spec(self.estimator, self.estimator_kwargs)  # refuses parameters it lacks
+
+  @property
+  def estimator_spec(self) -> estimators.Estimator:
+    """The estimator with its parameters, as `advantages` and `expected_scale` take it."""
+    return _estimator_spec(self.estimator, self.estimator_kwargs)
 
   @classmethod
   def from_fields(cls, source: Mapping[str, Any], *, prefix: str = "",
@@ -130,6 +142,28 @@ class AllocationConfig:
 def _unit_interval(name: str, value: Any) -> float:
   validation.real(name, value)
   return validation.in_unit_interval(name, value)
+
+
+def _estimator_spec(name: str, kwargs: tuple[tuple[str, Any], ...]) -> estimators.Estimator:
+  try:
+    return estimators.estimator_spec(name, **dict(kwargs))
+  except TypeError as error:
+    raise TypeError(f"estimator_kwargs: {error}") from None
+
+
+def _keyword_pairs(name: str, value: Any) -> tuple[tuple[str, Any], ...]:
+  """A mapping (a dict, a ConfigDict) or (key, value) pairs as sorted pairs of plain values."""
+  items = value.items() if hasattr(value, "items") else value
+  try:
+    pairs = [(key, value) for key, value in items]
+  except (TypeError, ValueError):
+    raise TypeError(f"{name} must be a mapping of keyword parameters; got {value!r}.") from None
+  return tuple(sorted((key, _plain(item)) for key, item in pairs))
+
+
+def _plain(value: Any) -> Any:
+  """A NumPy scalar as its Python value (hashed and compared as the Python value is)."""
+  return value.item() if isinstance(value, np.generic) else value
 
 
 def _boolean(name: str, value: Any) -> bool:

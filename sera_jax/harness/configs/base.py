@@ -22,7 +22,8 @@ def classification() -> ml_collections.ConfigDict:
   config.model_kwargs = ml_collections.ConfigDict()
   # Method and SERA (docs/method.md#the-estimator-and-its-scale).
   config.method = "sera"  # sera | uniform | equalized | ce
-  config.estimator = "maxrl"
+  config.estimator = "maxrl"  # any registered name (sera_jax.method.estimators)
+  config.estimator_kwargs = ml_collections.ConfigDict()  # its parameters: k (pkpo), order
   config.batch_size = 64  # M prompts per step
   config.baseline_n = 8  # N0: budget B = M * N0
   config.n_min = 2

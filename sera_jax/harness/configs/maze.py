@@ -39,6 +39,8 @@ def get_config():
   config.threshold = 0.05
   config.normalize_by_rollout_count = True
   config.normalize_by_rho = False
+  config.estimator = ""  # a registered estimator; "" = the method's (grpo's, or maxrl)
+  config.estimator_kwargs = ml_collections.ConfigDict()  # its parameters: k (pkpo), order
   # Historical success estimator (docs/method.md#estimating-p): the method's defaults.
   config.discount = success.DISCOUNT
   config.alpha0 = success.ALPHA0

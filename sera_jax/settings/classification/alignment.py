@@ -18,7 +18,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from sera_jax.method import registry, success
+from sera_jax.method import estimators, registry, success
 from sera_jax.method.allocation import Allocation
 from sera_jax.settings.classification import allocations, gradients
 from sera_jax.settings.classification.task import ClassificationTask
@@ -39,7 +39,8 @@ class Method(NamedTuple):
       rollouts; `extras` are the per-batch arrays passed to the evaluator.
     baseline_n: the N0 normalising the loss (docs/method.md#weights-and-the-loss) of those rollouts.
     max_rollouts: static padded width of the rollouts (>= every count).
-    estimator: an `estimators.ESTIMATORS` name.
+    estimator: a registered estimator's name, or an `estimators.Estimator` with its
+      parameters.
     random_allocation: True when the allocation depends on the key (a pilot);
       then every seed has its own allocation and its own expected gradient.
     outcome_dependent: True when the allocation reads the outcomes of the very
@@ -50,7 +51,7 @@ class Method(NamedTuple):
   allocate: AllocateFn
   baseline_n: int
   max_rollouts: int
-  estimator: str = "maxrl"
+  estimator: str | estimators.Estimator = "maxrl"
   random_allocation: bool = False
   outcome_dependent: bool = False
 
@@ -67,7 +68,7 @@ def _method(log_p_fn, *, baseline_n, n_min, n_max, mode, estimator, **options) -
     log_p = None if log_p_fn is None else log_p_fn(key, logits, labels, extras)
     return registry.allocate_with(config, allocations.inputs(config, logits, labels, key,
                                                              log_p=log_p))
-  return Method(allocate, baseline_n, config.max_count, estimator,
+  return Method(allocate, baseline_n, config.max_count, config.estimator_spec,
                 outcome_dependent=registry.ALLOCATORS[mode].outcome_dependent)
 
 
@@ -160,7 +161,7 @@ def _cotangents(methods: Mapping[str, Method], keys, logits, labels, extras):
   # Monte Carlo keys of the outcome-dependent methods' expectations, apart from the seeds'.
   draw_keys = jax.random.split(jax.random.fold_in(keys[0], EXPECTATION_SALT), EXPECTATION_DRAWS)
   realized, expected = {}, {}
-  for estimator in sorted({method.estimator for method in methods.values()}):
+  for estimator in sorted({method.estimator for method in methods.values()}, key=str):
     group = [name for name, method in methods.items() if method.estimator == estimator]
     stacked = jax.tree.map(lambda *x: jnp.stack(x), *[allocs[name] for name in group])
     baselines = jnp.asarray([methods[name].baseline_n for name in group], logits.dtype)

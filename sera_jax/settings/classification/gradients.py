@@ -17,6 +17,7 @@ drawn from pi restricted to the wrong classes by inverse CDF. Rollouts are
 [M, N] label indices, never [M, N, C] one-hots.
 """
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import chex
@@ -26,6 +27,10 @@ import numpy as np
 
 from sera_jax.method import estimators, success, validation
 from sera_jax.method.allocation import Allocation
+
+# What `estimators.advantages` takes: a registered name, a function a(r, n, K), or an
+# `estimators.Estimator` with its parameters.
+EstimatorLike = str | Callable | estimators.Estimator
 
 _TAIL_WORDS = 3  # drawn after an all-zero first word: U resolved to 2^-128 in all.
 # `gram_matrix` reduces pairs of gradients for at most this many gradients (the training
@@ -181,8 +186,9 @@ def exact_logit_grad(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def estimate_logit_grad(key: jax.Array, logits: jax.Array, labels: jax.Array,
-                        allocation: Allocation, *, baseline_n: int, estimator: str = "maxrl",
-                        max_rollouts: int | None = None, eps: float = 1e-6) -> jax.Array:
+                        allocation: Allocation, *, baseline_n: int,
+                        estimator: EstimatorLike = "maxrl", max_rollouts: int | None = None,
+                        eps: float = 1e-6) -> jax.Array:
   """The realized ascent gradient of the loss in logit space.
 
   See docs/method.md#weights-and-the-loss and docs/method.md#classification-as-rl.
@@ -196,7 +202,8 @@ def estimate_logit_grad(key: jax.Array, logits: jax.Array, labels: jax.Array,
     labels: [M] true classes.
     allocation: counts and weights (from `sera_jax.allocate`).
     baseline_n: N0.
-    estimator: one of `sera_jax.estimators.ESTIMATORS`.
+    estimator: a registered name, a function a(reward, group_size, successes) or an
+      `estimators.Estimator` with its parameters (`estimators.estimator_spec`).
     max_rollouts: static padded width, >= every count (a concrete count above it
       raises rather than truncate its group). Defaults to max(counts) when the
       counts are concrete, which compiles anew for every new maximum: loops
@@ -215,7 +222,7 @@ def estimate_logit_grad(key: jax.Array, logits: jax.Array, labels: jax.Array,
 
 
 def sample_and_score(key: jax.Array, logits: jax.Array, labels: jax.Array,
-                     allocation: Allocation, *, baseline_n: int, estimator: str,
+                     allocation: Allocation, *, baseline_n: int, estimator: EstimatorLike,
                      max_rollouts: int, eps: float = 1e-6
                      ) -> tuple[jax.Array, Rollouts, jax.Array]:
   """`estimate_logit_grad` that also returns the rollouts and their advantages."""
@@ -228,7 +235,7 @@ def sample_and_score(key: jax.Array, logits: jax.Array, labels: jax.Array,
 
 
 def expected_logit_grad(logits: jax.Array, labels: jax.Array, allocation: Allocation, *,
-                        baseline_n: int, estimator: str = "maxrl",
+                        baseline_n: int, estimator: EstimatorLike = "maxrl",
                         max_rollouts: int | None = None, eps: float = 1e-6) -> jax.Array:
   """E[estimate_logit_grad] = (1/M) (w_q n_q / N0) c(p_q, n_q) (onehot(y_q) - pi_q).
 

@@ -84,12 +84,14 @@ def _surrogate_loss(logits, rollouts, advantages, alloc, baseline_n):
   return estimators.policy_loss(log_probs, advantages, rollouts.mask, alloc.weights, baseline_n)
 
 
-def make_train_step(model, optimizer, config, *, align: bool, mesh=None):
+def make_train_step(model, optimizer, config, *, align: bool, mesh=None, learning_rate=None):
   """The jitted step: (state, images, labels, step) -> (state, metrics).
 
   With a `mesh` (batch sharded on "data"), log p is gathered once and every device
   solves the allocation on the whole batch: the budget is global, no collective runs
   inside the allocator's loops, and the counts are those of a single-device run.
+  `learning_rate(opt_state, step)` is the rate the metrics report, default the config's
+  schedule (a batch of runs reads each run's own from its optimizer state).
   """
 
   def allocate(mode, logits, labels, key):
@@ -100,16 +102,21 @@ def make_train_step(model, optimizer, config, *, align: bool, mesh=None):
 
   method = config.method
   stats_mode = _stats_mode(method)
-  schedule = learning_rate_schedule(config)
+  if learning_rate is None:
+    schedule = learning_rate_schedule(config)
+    learning_rate = lambda opt_state, step: schedule(step)  # noqa: E731
+  # config.estimator with config.estimator_kwargs: every mode scores with it, and the
+  # expected gradients take its c(p, n).
+  estimator = allocations.allocation_config(config, stats_mode).estimator_spec
 
   def realized(key, logits, labels, alloc, mode):
     return gradients.sample_and_score(
-        key, logits, labels, alloc, baseline_n=config.baseline_n, estimator=config.estimator,
+        key, logits, labels, alloc, baseline_n=config.baseline_n, estimator=estimator,
         max_rollouts=_width(config, mode))
 
   def expected(logits, labels, alloc, mode):
     return gradients.expected_logit_grad(
-        logits, labels, alloc, baseline_n=config.baseline_n, estimator=config.estimator,
+        logits, labels, alloc, baseline_n=config.baseline_n, estimator=estimator,
         max_rollouts=_width(config, mode))
 
   def step_fn(state, images, labels, step):
@@ -147,7 +154,7 @@ def make_train_step(model, optimizer, config, *, align: bool, mesh=None):
         "cross_entropy": cross_entropy,
         "accuracy": jnp.mean(jnp.argmax(logits, -1) == labels),
         "grad_norm": optax.tree.norm(ascent),
-        "learning_rate": schedule(step),
+        "learning_rate": learning_rate(state.opt_state, step),
     }
     if stats_mode in sampled:
       _, rollouts, advantages = sampled[stats_mode]

@@ -6,7 +6,9 @@ log-likelihood of the BFS shortest paths; every later step spends the same
 rollout budget B = M * N0:
 
 * "uniform": N0 rollouts a maze, centered MaxRL advantages
-  (docs/method.md#the-estimator-and-its-scale);
+  (docs/method.md#the-estimator-and-its-scale), or those of `config.estimator` (any
+  registered estimator, its parameters in `config.estimator_kwargs`), as for every method
+  but "grpo";
 * "grpo":    N0 rollouts a maze, GRPO advantages;
 * "sera":    counts from `allocate(mode="sera")` (docs/method.md#the-waterline to
   docs/method.md#the-active-set) on success probabilities from the historical estimator
@@ -91,17 +93,24 @@ class MazeState(NamedTuple):
 
 def allocation_config(config: ml_collections.ConfigDict) -> registry.AllocationConfig:
   """The allocation of `config.method`: "grpo" (uniform counts with GRPO's advantages) or a
-  registered mode the maze can feed (`registry.modes_fed_by(INPUTS)`).
+  registered mode the maze can feed (`registry.modes_fed_by(INPUTS)`). Its estimator is
+  config.estimator with config.estimator_kwargs; "" (or no such key) is the method's, GRPO's
+  for "grpo" and centered MaxRL's otherwise.
 
   Raises:
-    ValueError: an unknown method, a mode the maze cannot feed, or a bad allocation value.
+    ValueError: an unknown method or estimator, a mode the maze cannot feed, or a bad
+      allocation value.
   """
   validation.choice("config.method", config.method, ("grpo", *registry.MODES))
   grpo = config.method == "grpo"
   mode = "uniform" if grpo else config.method
   registry.require(mode, INPUTS, who="the maze")
+  estimator = config.get("estimator") or ("grpo" if grpo else "maxrl")
+  if grpo and estimator != "grpo":
+    raise ValueError(f"config.method 'grpo' scores with GRPO's advantages; for the estimator "
+                     f"{estimator!r} with uniform counts set config.method to 'uniform'.")
   return registry.AllocationConfig.from_fields(config, prefix="config.", mode=mode,
-                                               estimator="grpo" if grpo else "maxrl")
+                                               estimator=estimator)
 
 
 def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> None:
@@ -348,7 +357,7 @@ class MazeTask:
     in_episode = jax.vmap(maze_env.episode_mask)(mazes[prompt], actions)
     advantages = flat.flat_advantages(
         rewards, prompt, num_prompts=num_prompts,
-        estimator=self.allocation.estimator)
+        estimator=self.allocation.estimator_spec)
     historical = success.historical_stage_flat(historical, ids, rewards, prompt)
 
     # The loss is linear in the log-probabilities: its gradient is sum_b coef_b grad log pi_b,
