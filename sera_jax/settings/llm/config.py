@@ -15,7 +15,7 @@ from sera_jax.settings.llm import learner
 FIELDS = {
     "method": "allocation",
     "baseline_n": "num_generations",
-    **{key: key for key in ("estimator", "n_min", "n_max", "threshold",
+    **{key: key for key in ("estimator", "estimator_kwargs", "n_min", "n_max", "threshold",
                             "normalize_by_rollout_count", "normalize_by_rho", "discount",
                             "alpha0", "beta0", "rollout_seed", "generation_batch_size",
                             "align_every")},

@@ -31,7 +31,7 @@ Beyond Tunix's public API it reaches Tunix only through `tunix_compat`.
 
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -104,7 +104,9 @@ class SeraConfig(grpo_learner.GRPOConfig):
   Attributes:
     allocation: the allocation mode, one of `sera_jax.ALLOCATORS` that reads log p alone
       (`INPUTS`): "sera", "equalized", "uniform" or "knapsack".
-    estimator: the advantage estimator (`sera_jax.ESTIMATORS`).
+    estimator: the advantage estimator, a registered name
+      (`sera_jax.method.estimators.registered_estimators()`).
+    estimator_kwargs: its keyword parameters (e.g. {"k": 4} for "pkpo").
     n_min, n_max, threshold, normalize_by_rollout_count, normalize_by_rho: as
       in `sera_jax.allocate`.
     dataset_size: P, the training prompts; examples carry their index in [0, P)
@@ -131,6 +133,7 @@ class SeraConfig(grpo_learner.GRPOConfig):
   """
   allocation: str = "sera"
   estimator: str = "maxrl"
+  estimator_kwargs: Mapping[str, Any] | tuple[tuple[str, Any], ...] = ()
   n_min: int = 2
   n_max: int = 64
   threshold: float = 0.05
@@ -186,6 +189,7 @@ class SeraConfig(grpo_learner.GRPOConfig):
         n_max=self.n_max, threshold=self.threshold,
         normalize_by_rollout_count=self.normalize_by_rollout_count,
         normalize_by_rho=self.normalize_by_rho, estimator=self.estimator,
+        estimator_kwargs=self.estimator_kwargs,
         discount=self.discount, alpha0=self.alpha0, beta0=self.beta0)
 
   @property
@@ -490,7 +494,7 @@ class SeraLearner(tunix_compat.WholeBatchLearner[SeraConfig]):
     num_prompts = ids.shape[0]
     segments = flat.rollout_segments(alloc.counts, rewards.shape[0])
     advantages = flat.flat_advantages(rewards, segments, num_prompts=num_prompts,
-                                      estimator=config.estimator)
+                                      estimator=config.allocation_config.estimator_spec)
     # w_q(i) A_i: the loss divides by B = M N0 (the budget-normalised policy loss).
     weighted = (alloc.weights[segments] * advantages).astype(jnp.float32)
     mask = jnp.arange(stock_mask.shape[1])[None, :] < lengths[:, None]
@@ -557,7 +561,8 @@ class SeraLearner(tunix_compat.WholeBatchLearner[SeraConfig]):
     log_p, vjp = jax.vjp(log_p_of, params)
     log_p = jax.lax.stop_gradient(log_p)
     n0 = config.baseline_n
-    scale = estimators.expected_scale(config.estimator, log_p, alloc.counts, max_n=config.n_max)
+    scale = estimators.expected_scale(config.allocation_config.estimator_spec, log_p,
+                                      alloc.counts, max_n=config.n_max)
     uniform = estimators.expected_scale("maxrl", log_p, jnp.full_like(alloc.counts, n0),
                                         max_n=n0)
     expected = alloc.weights * alloc.counts / n0 * scale
