@@ -37,8 +37,19 @@ def make_optimizer(config: ml_collections.ConfigDict,
     validation.real("config.momentum", config.momentum, minimum=0.0, below=1.0)
   if schedule is None:
     schedule = learning_rate_schedule(config)
-  if config.optimizer == "sgd":
-    return optax.chain(
-        optax.add_decayed_weights(config.weight_decay),
-        optax.sgd(schedule, momentum=config.momentum or None, nesterov=False))
-  return optax.adamw(schedule, weight_decay=config.weight_decay)
+  return optimizer_chain(config.optimizer, schedule, momentum=config.momentum or None,
+                         weight_decay=config.weight_decay)
+
+
+def optimizer_chain(name: str, learning_rate, *, momentum,
+                    weight_decay) -> optax.GradientTransformation:
+  """`make_optimizer`'s transformation from values that may be traced, unchecked.
+
+  `optax.inject_hyperparams` builds it from per-run arrays (a batch of runs,
+  `sera_jax.settings.classification.batched`). A momentum of None skips the trace; a
+  momentum of 0 keeps one that adds 0 * trace, the same update.
+  """
+  if name == "sgd":
+    return optax.chain(optax.add_decayed_weights(weight_decay),
+                       optax.sgd(learning_rate, momentum=momentum, nesterov=False))
+  return optax.adamw(learning_rate, weight_decay=weight_decay)

@@ -1,0 +1,142 @@
+"""R classification runs as one program: a leading run axis, one jitted step under `jax.vmap`.
+
+The runs of a batch share every config value that fixes a shape or the compiled
+program (dataset, model, batch_size, baseline_n, n_min, n_max, method, estimator, ...)
+and may differ in `VARIED` alone: the seed (initial parameters, data order, rollouts)
+and the optimizer's scalars. Those enter as traced arrays: `optax.inject_hyperparams`
+keeps each run's learning rate, momentum and weight decay in its optimizer state, and
+the schedule's shape (warm-up, decay) multiplies the run's peak rate. The step is
+`task.make_train_step`'s, unchanged, mapped over the runs, so run r of a batch is the
+run config r trains alone (docs/method.md#classification-as-rl), up to the rounding of
+batched arithmetic.
+"""
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from sera_jax.common import optim
+from sera_jax.settings.classification import task
+
+# The config keys that may differ between the runs of a batch; any other is refused.
+VARIED = ("seed", "learning_rate", "momentum", "weight_decay")
+
+
+def _flat(config: ml_collections.ConfigDict, prefix: str = "") -> dict:
+  flat = {}
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      flat |= _flat(value, f"{prefix}{key}.")
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def check_batchable(configs: Sequence[ml_collections.ConfigDict]) -> None:
+  """Refuses an empty batch, or runs that differ in a key outside `VARIED`.
+
+  Raises:
+    ValueError: naming the first such key and the two values.
+  """
+  if not configs:
+    raise ValueError("a batch of runs needs at least one config.")
+  first = _flat(configs[0])
+  for r, config in enumerate(configs[1:], start=1):
+    other = _flat(config)
+    for key in sorted(first.keys() | other.keys()):
+      if key not in VARIED and first.get(key) != other.get(key):
+        raise ValueError(
+            f"config.{key} differs between runs ({first.get(key)!r} in run 0, "
+            f"{other.get(key)!r} in run {r}); the runs of a batch may differ only in "
+            f"{', '.join(VARIED)}.")
+
+
+def _unit_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
+  """The config's schedule with a peak rate of 1: a run's rate is its peak times this."""
+  unit = config.copy_and_resolve_references()
+  unit.learning_rate = 1.0
+  return optim.learning_rate_schedule(unit)
+
+
+def _optimizer_factory(config: ml_collections.ConfigDict):
+  """`optim.make_optimizer`'s transformation, its scalars held as arrays in its state."""
+  unit = _unit_schedule(config)
+
+  def chain(learning_rate, momentum, weight_decay):
+    return optim.optimizer_chain(config.optimizer, lambda count: learning_rate * unit(count),
+                                 momentum=momentum, weight_decay=weight_decay)
+  return optax.inject_hyperparams(chain)
+
+
+def _optimizer(factory, config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+  optim.make_optimizer(config)  # checks the run's values
+  return factory(learning_rate=config.learning_rate, momentum=config.momentum,
+                 weight_decay=config.weight_decay)
+
+
+def make_batched_train_step(model, config: ml_collections.ConfigDict, *, align: bool):
+  """The jitted step of R runs: (states, images, labels, step) -> (states, metrics).
+
+  States, images [R, M, ...] and labels [R, M] carry the run axis first; every metric
+  is [R]. `config` is any run's (their shared keys).
+  """
+  factory = _optimizer_factory(config)
+  unit = _unit_schedule(config)
+  # Every run's optimizer updates alike: it reads the run's scalars from its state.
+  optimizer = factory(learning_rate=1.0, momentum=0.0, weight_decay=0.0)
+  step = task.make_train_step(
+      model, optimizer, config, align=align,
+      learning_rate=lambda opt_state, step: opt_state.hyperparams["learning_rate"] * unit(step))
+  return jax.jit(jax.vmap(step, in_axes=(0, 0, 0, None)), donate_argnums=0)
+
+
+def run_state(states: task.TrainState, r: int) -> task.TrainState:
+  """Run r's state, as the run alone would hold it (its optimizer state batched-shaped)."""
+  return jax.tree.map(lambda x: x[r], states)
+
+
+class BatchedClassification:
+  """R classification runs trained as one program (`make_batched_train_step`).
+
+  One device, one process: the runs' batches are stacked on the host.
+  """
+
+  def __init__(self, configs: Sequence[ml_collections.ConfigDict]):
+    check_batchable(configs)
+    self.configs = list(configs)
+    self.task = task.ClassificationTask(self.configs[0])  # dataset, model, evaluation
+    factory = _optimizer_factory(self.configs[0])
+    self._optimizers = [_optimizer(factory, config) for config in self.configs]
+    self._steps = {align: make_batched_train_step(self.task.model, self.configs[0], align=align)
+                   for align in (True, False)}
+
+  @property
+  def num_runs(self) -> int:
+    return len(self.configs)
+
+  def init_state(self) -> task.TrainState:
+    """Every run's initial state, each from PRNGKey(its seed) as a run alone, stacked."""
+    states = [task.init_train_state(self.task.model, optimizer, jax.random.PRNGKey(config.seed))
+              for optimizer, config in zip(self._optimizers, self.configs, strict=True)]
+    return jax.tree.map(lambda *x: jnp.stack(x), *states)
+
+  def _batches(self, step: int):
+    config = self.configs[0]
+    batches = [self.task.dataset.train_batch(step, config.batch_size, run.seed)
+               for run in self.configs]
+    return (np.stack([batch["image"] for batch in batches]),
+            np.stack([batch["label"] for batch in batches]))
+
+  def train_step(self, states: task.TrainState, step: int):
+    """One step of every run: (states, metrics of [R] arrays)."""
+    images, labels = self._batches(step)
+    align = step % self.configs[0].align_every == 0
+    return self._steps[align](states, images, labels, step)
+
+  def evaluate(self, states: task.TrainState) -> list[dict[str, float]]:
+    """Each run's `ClassificationTask.evaluate`, run by run."""
+    return [self.task.evaluate(run_state(states, r)) for r in range(self.num_runs)]
