@@ -64,7 +64,9 @@ class GradientTest(parameterized.TestCase):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("estimator", ["maxrl", "grpo"])
+@pytest.mark.parametrize("estimator", [
+    "maxrl", "grpo", estimators.estimator_spec("pkpo", k=4),
+    estimators.estimator_spec("maclaurin", order=8)], ids=str)
 @pytest.mark.parametrize("mode", ["sera", "uniform"])
 def test_monte_carlo_mean_matches_expected_logit_grad(estimator, mode):
   logits, labels, _ = _problem(2)
@@ -77,7 +79,7 @@ def test_monte_carlo_mean_matches_expected_logit_grad(estimator, mode):
   expected = gradients.expected_logit_grad(logits, labels, alloc, baseline_n=N0,
                                                 estimator=estimator)
   # Every logit its own direction, and the expected gradient's (most sensitive to a wrong
-  # scale c); a false alarm at most 1e-3 a case (4e-3 over the four).
+  # scale c); a false alarm at most 1e-3 a case (8e-3 over the eight).
   directions = np.vstack([np.ravel(expected), np.eye(M * C)])
   report = monte_carlo_bias(grads, expected, directions=directions, false_alarm=1e-3)
   assert report.consistent, report
