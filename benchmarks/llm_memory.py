@@ -27,6 +27,8 @@ compiler is set to keep what an accelerator's keeps (`WORKER_FLAGS`).
   python benchmarks/llm_memory.py --dtypes float32 --train-micro-batch 1 4 \\
       --generation-batch 64 256        # float32 activations and KV cache, more sizes
   python benchmarks/llm_memory.py --models qwen3_8b --devices 8 --train-micro-batch 2 8
+  python benchmarks/llm_memory.py --config gsm8k_qwen3_1device --models qwen3_1p7b \\
+      --devices 1 --train-micro-batch 1 --generation-batch 128   # the one-device preset
 """
 
 import argparse
@@ -209,6 +211,8 @@ def _measure(config, model_config, mesh, train_micro_batches, generation_batches
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--config", default="gsm8k_qwen3",
+                      help="the GSM8K config whose lengths, N0 and optimizer are measured")
   parser.add_argument("--models", nargs="+", default=["qwen3_1p7b", "qwen3_8b"],
                       help="Qwen3 ModelConfig presets")
   parser.add_argument("--dtypes", nargs="+", default=["bfloat16"],
@@ -224,7 +228,7 @@ def main() -> None:
   if args.worker:  # one mesh size, in this interpreter
     from sera_jax.harness import configs
     for model, dtype in itertools.product(args.models, args.dtypes):
-      config = configs.load("gsm8k_qwen3")
+      config = configs.load(args.config)
       config.model_preset, config.dtype = model, dtype
       for row in measure(config, args.train_micro_batch, args.generation_batch):
         print(json.dumps(row), flush=True)
@@ -235,8 +239,8 @@ def main() -> None:
         "rollouts; colocated: total + the actor's optimizer state")
   print(f"{'devices':>7}  {'model':<11} {'dtype':<8} {'step':<7} {'batch':>5}  "
         + "  ".join(f"{name:>11}" for name in COLUMNS))
-  worker_args = ["--models", *args.models, "--dtypes", *args.dtypes, "--train-micro-batch",
-                 *map(str, args.train_micro_batch), "--generation-batch",
+  worker_args = ["--config", args.config, "--models", *args.models, "--dtypes", *args.dtypes,
+                 "--train-micro-batch", *map(str, args.train_micro_batch), "--generation-batch",
                  *map(str, args.generation_batch)]
   for devices in args.devices:
     for row in memory.worker_rows(__file__, devices, worker_args, WORKER_FLAGS):

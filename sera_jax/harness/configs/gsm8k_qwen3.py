@@ -46,6 +46,7 @@ def get_config():
   config.beta0 = success.BETA0
   # Optimisation (sera_jax.common.optim): AdamW at a constant 1e-6, gradients clipped.
   config.optimizer = "adam"  # AdamW with weight_decay
+  config.momentum = 0.0  # sgd only (sera_jax.common.optim reads it for every optimizer)
   config.learning_rate = 1e-6
   config.weight_decay = 0.0
   config.schedule = "constant"  # constant | cosine
@@ -58,9 +59,10 @@ def get_config():
   config.kv_cache_size = 1280  # >= max_prompt_length + max_tokens_to_generate
   config.temperature = 1.0
   # Stop tokens besides the tokenizer's EOS, each one token of the vocabulary: Qwen's chat
-  # models end a turn with <|im_end|>, a base checkpoint's EOS is <|endoftext|>. SeraLearner
-  # trains whichever one each rollout sampled (docs/llm.md, "Stop tokens").
-  config.stop_tokens = ("<|im_end|>",)
+  # models end a turn with <|im_end|>, a base checkpoint's EOS (and every Qwen's pad) is
+  # <|endoftext|>; Qwen3's generation config stops at both. SeraLearner trains whichever one
+  # each rollout sampled (docs/llm.md, "Stop tokens").
+  config.stop_tokens = ("<|im_end|>", "<|endoftext|>")
   config.rollout_seed = 0  # each generation its own key
   # Memory: the budget B = 4096 rollouts is generated generation_batch_size at a time (the
   # KV cache, whole on every device) and trained train_micro_batch_size prompts' rollouts at

@@ -357,6 +357,40 @@ class SeraLearner(tunix_compat.WholeBatchLearner[SeraConfig]):
                        f"{tuple(training.data_sharding_axis)} axes ({shards} devices) do not "
                        f"divide, so Tunix would replicate it on every device: choose "
                        f"batch_size, num_generations and train_micro_batch_size so they do.")
+    self._check_memory(budget // train_micro_batches, shards)
+
+  def _check_memory(self, rows: int, shards: int) -> None:
+    """Refuses a train micro-batch of `rows` rollouts that cannot fit the actor's devices, when
+    they report their memory (`device_memory_limit`; a CPU does not): before the first
+    generation, not after it.
+
+    A lower bound, not an estimate: each device holds its shards of the actor's weights, its
+    optimizer state (Tunix's gradient accumulation included) and a gradient of the weights,
+    and the loss holds the float32 logits of its rows (prompt and completion, over the
+    vocabulary) and their gradient; the step's other temporaries come on top
+    (benchmarks/llm_memory.py measures a step, docs/scaling_llm.md).
+    """
+    mesh = self.rl_cluster.r2m[rl_cluster_lib.Role.ACTOR]
+    limit = device_memory_limit(mesh.devices.flat)
+    trainer = self.rl_cluster.actor_trainer
+    vocab = getattr(getattr(trainer.model, "config", None), "vocab_size", None)
+    if limit is None or vocab is None:
+      return
+    weights = _device_bytes(nnx.state(trainer.model, nnx.Param))
+    state = _device_bytes(nnx.state(trainer.optimizer, nnx.optimizer.OptState))
+    rollout = self.rl_cluster.get_rollout_config(rl_cluster_lib.Mode.TRAIN)
+    length = rollout.max_prompt_length + rollout.max_tokens_to_generate
+    logits = 2 * -(-rows // shards) * length * vocab * 4
+    resident = 2 * weights + state
+    if resident + logits > limit:
+      gib = 2.0**30
+      raise ValueError(f"a train micro-batch of {rows} rollouts of {length} tokens needs at "
+                       f"least {(resident + logits) / gib:.1f} GiB on each actor device "
+                       f"({resident / gib:.1f} for the weights, their gradient and the "
+                       f"optimizer state, {logits / gib:.1f} for the logits over the "
+                       f"{vocab}-token vocabulary and their gradient), more than the "
+                       f"{limit / gib:.1f} GiB a device has: lower train_micro_batch_size "
+                       f"(benchmarks/llm_memory.py measures a step; see docs/scaling_llm.md).")
 
   def _check_sampling(self) -> tuple[int, ...]:
     """The tokens the policy may not emit; raises unless the training rollouts sample the law
@@ -614,6 +648,23 @@ class SeraLearner(tunix_compat.WholeBatchLearner[SeraConfig]):
     self.historical = success.HistoricalState(**{
         name: jnp.asarray(saved[name], getattr(empty, name).dtype)
         for name in success.HistoricalState._fields})
+
+
+def device_memory_limit(devices) -> int | None:
+  """The least memory (bytes_limit) any of `devices` reports, None when one does not (a CPU)."""
+  limits = []
+  for device in devices:
+    stats = device.memory_stats()
+    if not stats or "bytes_limit" not in stats:
+      return None
+    limits.append(int(stats["bytes_limit"]))
+  return min(limits) if limits else None
+
+
+def _device_bytes(state) -> int:
+  """Bytes one device holds of the arrays of `state` (the largest shard of each)."""
+  return sum(int(np.prod(leaf.sharding.shard_shape(leaf.shape))) * leaf.dtype.itemsize
+             for leaf in jax.tree.leaves(state) if isinstance(leaf, jax.Array))
 
 
 def epoch_batches(columns: dict[str, np.ndarray], batch_size: int,
