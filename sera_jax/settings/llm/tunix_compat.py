@@ -22,8 +22,9 @@ Learner hooks overridden (`WholeBatchLearner`; no public hook hands a learner a 
   the stop token it sampled back and keep its length) and a way to return rewards and
   completions with the example.
 * the actor trainer's loss (`score_policy`): `GRPOLearner.__init__` sets it (`with_loss_fn`)
-  to the registered policy loss of the actor model; it is wrapped to score the
-  `PolicyLogits` of the model, the law the sampler samples (tokens it may not emit masked).
+  to a function (model, train_example, algo_config) of the registered policy loss; it is
+  wrapped to score the `PolicyLogits` of the model, the law the sampler samples (the tokens
+  it may not emit masked).
 
 Private members read (no public accessor in 0.1.7):
 
@@ -32,7 +33,7 @@ Private members read (no public accessor in 0.1.7):
 * `RLLearner._compute_rewards` (rl/rl_learner.py): `WholeBatchLearner.compute_rewards`;
 * `PeftTrainer._has_aux` (sft/peft_trainer.py, set by `with_loss_fn`): `training_loss`,
   `score_policy`;
-* `VanillaRollout._sampler` (rl/rollout/vanilla_rollout.py): `sample_policy`.
+* `VanillaRollout._sampler` (rl/rollout/vanilla_rollout.py): `sample_policy`;
 * `PeftTrainer._restored_custom_metadata` (sft/peft_trainer.py `PeftTrainer.__init__`; rl/trainer.py
   `Trainer.restored_global_step` reads only its "global_step"): `restored_metadata`;
 * `CheckpointManager._checkpoint_manager` (sft/checkpoint_manager.py, the Orbax manager, None
