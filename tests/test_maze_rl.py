@@ -3,11 +3,13 @@
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import pytest
 
 from sera_jax.harness import configs, train
 from sera_jax.harness.figures import common as figures_common
+from sera_jax.method import estimators
 from sera_jax.settings.maze import env as maze_env
 from sera_jax.settings.maze import plots as maze_plots
 from sera_jax.settings.maze import task as maze_rl
@@ -84,6 +86,24 @@ def test_microbatches_accumulate_the_same_gradient():
     assert np.isfinite(float(metrics["loss"]))
     params.append(state.params)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), *params)
+
+
+@pytest.mark.slow
+def test_sera_trains_with_a_peer_estimator_and_its_parameter():
+  """config.estimator and config.estimator_kwargs reach the maze's allocation config, whose
+  estimator the advantages take: pkpo (k=4) trains through the first RL epoch into SERA's
+  counts with finite metrics."""
+  config = _config(method="sera", warmup_steps=0, estimator="pkpo")
+  config.estimator_kwargs = ml_collections.ConfigDict({"k": 4})
+  task = maze_rl.MazeTask(config)
+  assert task.allocation.estimator_spec == estimators.estimator_spec("pkpo", k=4)
+  state = task.init_state(jax.random.PRNGKey(0))
+  rows = []
+  for step in range(3):
+    state, metrics = task.train_step(state, step)
+    rows.append(jax.device_get(metrics))
+    assert all(np.isfinite(v) for v in rows[-1].values()), (step, rows[-1])
+  assert [row["estimated_fraction"] for row in rows] == [0.0, 0.0, 1.0]
 
 
 @pytest.mark.slow
