@@ -32,7 +32,8 @@ def get_config():
   # Method and SERA (docs/method.md#the-estimator-and-its-scale): M = batch_size prompts a
   # step, budget B = M * N0 rollouts.
   config.method = "sera"  # a mode of SeraConfig.allocation, e.g. sera, uniform, equalized
-  config.estimator = "maxrl"
+  config.estimator = "maxrl"  # any registered name (sera_jax.method.estimators)
+  config.estimator_kwargs = ml_collections.ConfigDict()  # its parameters: k (pkpo), order
   config.batch_size = 256
   config.baseline_n = 16  # N0
   config.n_min = 2
