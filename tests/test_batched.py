@@ -1,5 +1,8 @@
 """A batch of classification runs trained as one program is its runs, each trained alone."""
 
+import importlib.util
+import pathlib
+
 import jax
 import numpy as np
 import pytest
@@ -118,3 +121,15 @@ def test_run_batch_writes_each_run_as_train_run_writes_it(tmp_path):
     harness_batched.run_batch(configs, workdirs)
   with pytest.raises(ValueError, match="its own workdir"):
     harness_batched.run_batch(configs, [workdirs[0]] * 2)
+
+
+@pytest.mark.slow
+def test_the_sweep_benchmark_times_both_ways():
+  """A smoke test of benchmarks/sweep.py (no timing is asserted)."""
+  path = pathlib.Path(__file__).parents[1] / "benchmarks" / "sweep.py"
+  spec = importlib.util.spec_from_file_location("sweep_benchmark", path)
+  benchmark = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(benchmark)
+  seconds = benchmark.measure("mlp", runs=2, steps=2)
+  assert set(seconds) == {"sequential_first", "sequential_rest", "batched_first", "batched_rest"}
+  assert all(value > 0 for value in seconds.values())

@@ -1,0 +1,80 @@
+"""R classification runs as one vmapped program against the same R runs one after another.
+
+For each model, R runs of the default config that differ in their seed are trained for
+--steps steps twice in this one process: one after another (`ClassificationTask`, each
+run its own jitted step), and as one batch (`BatchedClassification`, one jitted step
+vmapped over the runs). The first step of each program is timed apart as its compile
+(the sequential runs compile R times: each run's schedule is its own constant). The
+table gives the seconds a run of the steps after the first, and the ratio
+sequential / batched of the whole R runs, with and without compiling.
+
+  python benchmarks/sweep.py [--models mlp small_cnn] [--runs 10] [--steps 200]
+"""
+
+import argparse
+import time
+
+import jax
+
+from sera_jax.harness.configs import default
+from sera_jax.settings.classification.batched import BatchedClassification
+from sera_jax.settings.classification.task import ClassificationTask
+
+
+def _config(model: str, seed: int, steps: int):
+  config = default.get_config()
+  config.update(model=model, seed=seed, num_steps=steps)
+  return config
+
+
+def _timed(train_step, state, steps: int) -> tuple[float, float]:
+  """(seconds of the first step, its compile included; seconds of the other steps)."""
+  start = time.perf_counter()
+  state, metrics = train_step(state, 0)
+  jax.block_until_ready((state, metrics))
+  first = time.perf_counter() - start
+  start = time.perf_counter()
+  for step in range(1, steps):
+    state, metrics = train_step(state, step)
+  jax.block_until_ready((state, metrics))
+  return first, time.perf_counter() - start
+
+
+def measure(model: str, runs: int, steps: int) -> dict[str, float]:
+  """Seconds: first steps and later steps of the R runs, one after another and batched."""
+  configs = [_config(model, seed, steps) for seed in range(runs)]
+  sequential_first = sequential_rest = 0.0
+  for config in configs:
+    task = ClassificationTask(config)
+    first, rest = _timed(task.train_step, task.init_state(jax.random.PRNGKey(config.seed)),
+                         steps)
+    sequential_first += first
+    sequential_rest += rest
+  batch = BatchedClassification(configs)
+  batched_first, batched_rest = _timed(batch.train_step, batch.init_state(), steps)
+  return {"sequential_first": sequential_first, "sequential_rest": sequential_rest,
+          "batched_first": batched_first, "batched_rest": batched_rest}
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--models", nargs="+", default=["mlp", "small_cnn"])
+  parser.add_argument("--runs", type=int, default=10)
+  parser.add_argument("--steps", type=int, default=200)
+  args = parser.parse_args(argv)
+  print(f"{jax.devices()[0].platform}, R = {args.runs} runs, {args.steps} steps a run")
+  print(f"{'model':<10} {'s/run seq':>10} {'s/run batch':>12} {'ratio':>7} "
+        f"{'compile seq':>12} {'compile batch':>14} {'ratio w/ compile':>17}")
+  for model in args.models:
+    t = measure(model, args.runs, args.steps)
+    total_seq = t["sequential_first"] + t["sequential_rest"]
+    total_batch = t["batched_first"] + t["batched_rest"]
+    print(f"{model:<10} {t['sequential_rest'] / args.runs:>10.3f} "
+          f"{t['batched_rest'] / args.runs:>12.3f} "
+          f"{t['sequential_rest'] / t['batched_rest']:>7.2f} "
+          f"{t['sequential_first']:>12.2f} {t['batched_first']:>14.2f} "
+          f"{total_seq / total_batch:>17.2f}", flush=True)
+
+
+if __name__ == "__main__":
+  main()
