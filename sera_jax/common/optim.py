@@ -37,7 +37,8 @@ def make_optimizer(config: ml_collections.ConfigDict,
     validation.real("config.momentum", config.momentum, minimum=0.0, below=1.0)
   if schedule is None:
     schedule = learning_rate_schedule(config)
-  return optimizer_chain(config.optimizer, schedule, momentum=config.momentum or None,
+  momentum = (config.momentum or None) if config.optimizer == "sgd" else None  # adamw has none
+  return optimizer_chain(config.optimizer, schedule, momentum=momentum,
                          weight_decay=config.weight_decay)
 
 

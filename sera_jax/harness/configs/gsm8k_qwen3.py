@@ -47,7 +47,6 @@ def get_config():
   config.beta0 = success.BETA0
   # Optimisation (sera_jax.common.optim): AdamW at a constant 1e-6, gradients clipped.
   config.optimizer = "adam"  # AdamW with weight_decay
-  config.momentum = 0.0  # sgd only (sera_jax.common.optim reads it for every optimizer)
   config.learning_rate = 1e-6
   config.weight_decay = 0.0
   config.schedule = "constant"  # constant | cosine
