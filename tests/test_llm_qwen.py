@@ -10,10 +10,7 @@ import numpy as np
 import optax
 import pytest
 import safetensors.numpy
-import tokenizers
-import transformers
-from tiny_qwen import CHATML, SPECIAL_TOKENS, TINY, byte_vocabulary, hf_checkpoint
-from tokenizers import decoders, pre_tokenizers
+from tiny_qwen import TINY, hf_checkpoint, save_tokenizer
 
 from sera_jax.harness import configs
 from sera_jax.settings.llm import cluster as cluster_lib
@@ -54,20 +51,6 @@ def test_a_micro_batch_that_cannot_fit_is_refused_before_generating(monkeypatch,
       assert generated and learner.rl_cluster.actor_trainer.train_steps == 1
 
 
-def _save_base_tokenizer(directory) -> None:
-  """A byte-level BPE with Qwen's special tokens and ChatML template, as a base checkpoint
-  ships it: <|endoftext|> both its EOS and its pad, <|im_end|> an ordinary special token."""
-  backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=byte_vocabulary(), merges=[]))
-  backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-  backend.decoder = decoders.ByteLevel()
-  backend.add_special_tokens(list(SPECIAL_TOKENS))
-  tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend,
-                                                   pad_token="<|endoftext|>",
-                                                   eos_token="<|endoftext|>")
-  tokenizer.chat_template = CHATML
-  tokenizer.save_pretrained(str(directory))
-
-
 def _save_tied_checkpoint(directory) -> dict[str, np.ndarray]:
   """TIED's tensors under Hugging Face's Qwen3 names: no lm_head (the embedding is the output
   layer), and a final norm of 0, so every token is as likely as another (a policy that stops
@@ -82,7 +65,7 @@ def _save_tied_checkpoint(directory) -> dict[str, np.ndarray]:
 @pytest.mark.slow
 def test_a_tied_qwen3_checkpoint_trains_a_sera_step_that_stops_at_im_end(tmp_path):
   _save_tied_checkpoint(tmp_path)
-  _save_base_tokenizer(tmp_path)
+  save_tokenizer(tmp_path, eos_token="<|endoftext|>")
   config = configs.load("gsm8k_qwen3")
   config.update(model_dir=str(tmp_path), batch_size=4, baseline_n=4, n_max=8, num_steps=1,
                 max_prompt_length=64, max_tokens_to_generate=128, kv_cache_size=192,

@@ -21,16 +21,17 @@ def byte_vocabulary() -> dict[str, int]:
   return {symbol: i for i, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
 
 
-def save_tokenizer(directory) -> None:
+def save_tokenizer(directory, eos_token: str = "<|im_end|>") -> None:
   """A byte-level BPE (every byte a token, no merges) with Qwen's special tokens and a ChatML
-  template, saved as Hugging Face tokenizer files: any text encodes, offline."""
+  template, saved as Hugging Face tokenizer files: any text encodes, offline. A base
+  checkpoint's tokenizer has eos_token "<|endoftext|>", its pad too."""
   backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=byte_vocabulary(), merges=[]))
   backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
   backend.decoder = decoders.ByteLevel()
   backend.add_special_tokens(list(SPECIAL_TOKENS))
   tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend,
                                                    pad_token="<|endoftext|>",
-                                                   eos_token="<|im_end|>")
+                                                   eos_token=eos_token)
   tokenizer.chat_template = CHATML
   tokenizer.save_pretrained(str(directory))
 
