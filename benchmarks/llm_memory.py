@@ -1,7 +1,8 @@
-"""Device memory of the GSM8K config's training micro-step and sampler, from XLA's analysis of
+"""Device memory of an LLM config's training micro-step and sampler, from XLA's analysis of
 the compiled steps: what train_micro_batch_size and generation_batch_size a device can hold.
 
-Nothing runs and no weights exist: a Qwen3 of Tunix's ModelConfig presets is built abstractly
+Nothing runs and no weights exist: the config's model (a ModelConfig preset of its Tunix
+family, Qwen3, Qwen2 or Llama, with its model_kwargs) is built abstractly
 (`nnx.eval_shape`) with the config's dtypes and remat, sharded as Tunix shards it over an
 ("fsdp", "tp") = (devices, 1) mesh of fake CPU devices (the config's default mesh), and each
 step is lowered and compiled for that mesh with abstract inputs at the config's lengths
@@ -29,6 +30,8 @@ compiler is set to keep what an accelerator's keeps (`WORKER_FLAGS`).
   python benchmarks/llm_memory.py --models qwen3_8b --devices 8 --train-micro-batch 2 8
   python benchmarks/llm_memory.py --config gsm8k_qwen3_1device --models qwen3_1p7b \\
       --devices 1 --train-micro-batch 1 --generation-batch 128   # the one-device preset
+  python benchmarks/llm_memory.py --config gsm8k_smollm2 --models "" --dtypes float32 \\
+      --devices 8 --train-micro-batch 4 --generation-batch 512   # "": the config's own model
 """
 
 import argparse
@@ -49,6 +52,14 @@ WORKER_FLAGS = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expens
                 "--xla_cpu_enable_concurrency_optimized_scheduler=false",
                 "--xla_disable_hlo_passes=cse_barrier_expander")
 COLUMNS = ("arguments", "outputs", "temporaries", "total", "colocated")
+
+
+def _model_class(family: str):
+  """Tunix's model class of a family of `gsm8k.FAMILIES`."""
+  from sera_jax.settings.llm import gsm8k
+
+  module = gsm8k.FAMILIES[family][0]
+  return getattr(module, {"qwen3": "Qwen3", "qwen2": "Qwen2", "llama3": "Llama3"}[family])
 
 
 def _sharded(tree, mesh):
@@ -72,43 +83,42 @@ def _shard_gib(tree) -> float:
 
 def _row(config, step: str, key: int, compiled, resident: float) -> dict:
   gib = memory.analysis_gib(compiled)
-  return {"model": config.model_preset, "dtype": config.dtype, "step": step, "key": key, **gib,
-          "colocated": gib["total"] + resident}
+  return {"model": config.model_preset or config.model_family, "dtype": config.dtype,
+          "step": step, "key": key, **gib, "colocated": gib["total"] + resident}
 
 
 @contextlib.contextmanager
-def _activation_constraints(mesh):
-  """Tunix's Qwen3 skips its activation sharding constraints on a CPU; this applies them on
-  `mesh`, as on an accelerator."""
+def _activation_constraints(mesh, model_lib):
+  """Tunix's models (`model_lib`, the family's module) skip their activation sharding
+  constraints on a CPU; this applies them on `mesh`, as on an accelerator."""
   import jax
-  from tunix.models.qwen3 import model as qwen3
 
-  skipping = qwen3.shard
-  qwen3.shard = lambda x, spec: jax.lax.with_sharding_constraint(
+  skipping = model_lib.shard
+  model_lib.shard = lambda x, spec: jax.lax.with_sharding_constraint(
       x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*spec)))
   try:
     yield
   finally:
-    qwen3.shard = skipping
+    model_lib.shard = skipping
 
 
 def measure(config, train_micro_batches: list[int], generation_batches: list[int], *,
             model_config=None) -> list[dict]:
-  """Memory rows of a GSM8K config on a mesh of every device: one train row per
+  """Memory rows of an LLM config on a mesh of every device: one train row per
   train_micro_batch_size (prompts), a prefill and a decode row per generation_batch_size
   (rollouts).
 
   Args:
-    config: the keys of the config `gsm8k_qwen3` (a Qwen3 preset, its dtypes and remat, the
-      lengths, batch and optimizer keys).
+    config: the keys of the config `gsm8k_qwen3` (the model's family, preset and
+      model_kwargs, its dtypes and remat, the lengths, batch and optimizer keys).
     train_micro_batches, generation_batches: the values of those keys to compile.
-    model_config: Qwen3's ModelConfig; default `gsm8k.preset_config(config)`.
+    model_config: the family's ModelConfig; default `gsm8k.preset_config(config)`.
   """
   from sera_jax.settings.llm import gsm8k
 
   mesh = gsm8k.make_mesh(config)
   model_config = model_config or gsm8k.preset_config(config)
-  with _activation_constraints(mesh):
+  with _activation_constraints(mesh, gsm8k.FAMILIES[config.model_family][0]):
     return _measure(config, model_config, mesh, train_micro_batches, generation_batches)
 
 
@@ -118,7 +128,6 @@ def _measure(config, model_config, mesh, train_micro_batches, generation_batches
   import optax
   from flax import nnx
   from tunix.generate import sampler as sampler_lib
-  from tunix.models.qwen3 import model as qwen3
   from tunix.rl import common
 
   from sera_jax.harness.configs import gsm8k_qwen3
@@ -135,7 +144,7 @@ def _measure(config, model_config, mesh, train_micro_batches, generation_batches
   def actor(accumulated: int):
     """The actor and Tunix's optimizer of it, accumulating `accumulated` micro-steps."""
     optimizer = optax.MultiSteps(gsm8k.make_optimizer(config), accumulated)
-    model = qwen3.Qwen3(model_config, rngs=nnx.Rngs(0))
+    model = _model_class(config.model_family)(model_config, rngs=nnx.Rngs(0))
     return model, nnx.Optimizer(model, optimizer, wrt=nnx.Param)
 
   def train_step(graph, params, opt_state, example):
@@ -212,9 +221,10 @@ def _measure(config, model_config, mesh, train_micro_batches, generation_batches
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default="gsm8k_qwen3",
-                      help="the GSM8K config whose lengths, N0 and optimizer are measured")
+                      help="the LLM config whose model, lengths, N0 and optimizer are measured")
   parser.add_argument("--models", nargs="+", default=["qwen3_1p7b", "qwen3_8b"],
-                      help="Qwen3 ModelConfig presets")
+                      help="ModelConfig presets of the config's family (\"\": the config's "
+                           "own model_preset and model_kwargs)")
   parser.add_argument("--dtypes", nargs="+", default=["bfloat16"],
                       help="the models' dtype (activations, KV cache: the config's bfloat16, "
                            "or float32); weights stay float32 (config.param_dtype)")
@@ -229,12 +239,12 @@ def main() -> None:
     from sera_jax.harness import configs
     for model, dtype in itertools.product(args.models, args.dtypes):
       config = configs.load(args.config)
-      config.model_preset, config.dtype = model, dtype
+      config.model_preset, config.dtype = model or config.model_preset, dtype
       for row in measure(config, args.train_micro_batch, args.generation_batch):
         print(json.dumps(row), flush=True)
     return
   start = time.perf_counter()
-  print("GSM8K config: GiB per device, XLA's analysis of the compiled steps (not run); "
+  print(f"{args.config}: GiB per device, XLA's analysis of the compiled steps (not run); "
         "train: train_micro_batch_size prompts; prefill, decode: generation_batch_size "
         "rollouts; colocated: total + the actor's optimizer state")
   print(f"{'devices':>7}  {'model':<11} {'dtype':<8} {'step':<7} {'batch':>5}  "

@@ -23,8 +23,9 @@ LOOP_CONFIGS = [name for name in configs.names()
 
 
 def test_names_are_the_shipped_files():
-  assert configs.names() == ("default", "gsm8k_qwen3", "gsm8k_qwen3_1device", "imagenet_resnet50",
-                             "math", "maze", "maze17", "synthetic1000")
+  assert configs.names() == ("default", "gsm8k_qwen3", "gsm8k_qwen3_1device", "gsm8k_smollm2",
+                             "imagenet_resnet50", "math", "math_qwen25", "maze", "maze17",
+                             "polaris_qwen3", "synthetic1000")
   assert LOOP_CONFIGS == ["default", "imagenet_resnet50", "maze", "maze17", "synthetic1000"]
 
 
@@ -94,7 +95,8 @@ def test_an_existing_file_wins_over_a_name(tmp_path, monkeypatch):
 
 def test_an_unknown_config_lists_the_shipped_names():
   with pytest.raises(FileNotFoundError,
-                     match="default, gsm8k_qwen3, gsm8k_qwen3_1device, imagenet_resnet50, math"):
+                     match="default, gsm8k_qwen3, gsm8k_qwen3_1device, gsm8k_smollm2, "
+                           "imagenet_resnet50, math"):
     configs.config_file("synthetic999")
 
 

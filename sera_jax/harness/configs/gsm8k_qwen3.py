@@ -19,14 +19,19 @@ def get_config():
   config = ml_collections.ConfigDict()
   config.task = "gsm8k"
   # Model: a Tunix ModelConfig preset of the family, weights and tokenizer from model_dir.
-  config.model_family = "qwen3"  # qwen3 | qwen2
+  config.model_family = "qwen3"  # qwen3 | qwen2 | llama3
   config.model_preset = "qwen3_1p7b"  # a ModelConfig classmethod, e.g. qwen3_4b, qwen2p5_1p5b
   config.model_dir = ""  # required: local or gs:// dir of *.safetensors + tokenizer files
+  config.model_kwargs = ml_collections.ConfigDict()  # ModelConfig fields over the preset
   config.param_dtype = "float32"  # trained weights: AdamW steps of 1e-6 vanish in bfloat16
   config.dtype = "bfloat16"  # activations
   config.remat = "decoder"  # none | block | decoder: recompute activations in the backward
-  # Data: tfds gsm8k, prepared beforehand in data_dir (may be gs://).
-  config.data_dir = ""  # required
+  # Data: tfds gsm8k, prepared beforehand in data_dir (may be gs://), or a problem file.
+  config.data_dir = ""  # required unless data_file is set
+  config.data_file = ""  # a .parquet/.jsonl problem file (sera_jax.settings.llm.data) instead
+  config.data_format = "gsm8k"  # its format: a key of data.FORMATS (gsm8k, math, verl, ...)
+  config.grading_processes = 8  # math-verify's worker processes (a math-graded data_file)
+  config.instruction = ""  # after each question; "" = its grader's (data.INSTRUCTIONS)
   config.seed = 0  # the order of the problems, epoch by epoch
   config.enable_thinking = False  # passed to the chat template (Qwen3's thinking mode)
   # Method and SERA (docs/method.md#the-estimator-and-its-scale): M = batch_size prompts a

@@ -21,7 +21,7 @@ fields it has; `columns` turns the problems into the learner's batch columns.
 """
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -31,11 +31,13 @@ from pyarrow import parquet
 
 from sera_jax.common import files
 from sera_jax.method import validation
-from sera_jax.settings.llm import grading, gsm8k
+from sera_jax.settings.llm import grading
 
+INSTRUCTION = ("Solve the problem step by step, then write the final answer as a plain number "
+               "at the very end.")
 # What the prompt asks of the answer, so that the problem's grader finds it.
 INSTRUCTIONS = {
-    "number": gsm8k.INSTRUCTION,
+    "number": INSTRUCTION,
     "math": "Please reason step by step, and put your final answer within \\boxed{}.",
 }
 
@@ -154,10 +156,46 @@ def load(location: epath.PathLike, format_name: str) -> Problems:
   return Problems(questions, answers, np.arange(len(records), dtype=np.int64), spec.grader)
 
 
-def columns(problems: Problems, tokenizer, *, max_prompt_length: int,
-            enable_thinking: bool = False) -> dict[str, np.ndarray]:
-  """The learner's batch columns of `problems` ("prompts", "answer", "idx"): each question
-  with its grader's `INSTRUCTIONS` in the tokenizer's chat template (`gsm8k.problems`)."""
-  return gsm8k.problems(problems.questions, problems.answers, tokenizer,
-                        max_prompt_length=max_prompt_length, enable_thinking=enable_thinking,
-                        instruction=INSTRUCTIONS[problems.grader])
+def columns(loaded: Problems, tokenizer, *, max_prompt_length: int,
+            enable_thinking: bool = False, instruction: str | None = None
+            ) -> dict[str, np.ndarray]:
+  """The learner's batch columns of the `loaded` problems ("prompts", "answer", "idx"): each
+  question with `instruction` (default its grader's `INSTRUCTIONS`) in the tokenizer's chat
+  template (`problems`)."""
+  return problems(loaded.questions, loaded.answers, tokenizer,
+                  max_prompt_length=max_prompt_length, enable_thinking=enable_thinking,
+                  instruction=instruction or INSTRUCTIONS[loaded.grader])
+
+
+def prompt(question: str, tokenizer, *, enable_thinking: bool = False,
+           instruction: str = INSTRUCTION) -> str:
+  """The question and `instruction`, as a user turn of the tokenizer's chat template if any."""
+  text = f"{question.strip()}\n{instruction}"
+  if getattr(tokenizer, "chat_template", None) is None:
+    return text
+  return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                       add_generation_prompt=True,
+                                       enable_thinking=enable_thinking)
+
+
+def problems(questions: Sequence[str], answers: Sequence[str], tokenizer, *,
+             max_prompt_length: int, enable_thinking: bool = False,
+             instruction: str = INSTRUCTION) -> dict[str, np.ndarray]:
+  """The batch columns of every problem: "prompts" (`prompt` with `instruction`), "answer" and
+  "idx" (0..P-1).
+
+  Raises:
+    ValueError: a prompt is longer than max_prompt_length tokens (Tunix's sampler would
+      otherwise fail on the KV cache when a batch first holds it).
+  """
+  prompts = [prompt(q, tokenizer, enable_thinking=enable_thinking, instruction=instruction)
+             for q in questions]
+  # Tokens as Tunix's sampler counts them: BOS (when the tokenizer has one), then the text.
+  lengths = [len(tokenizer.encode(p)) + bool(tokenizer.bos_id()) for p in prompts]
+  longest = int(np.argmax(lengths))
+  if lengths[longest] > max_prompt_length:
+    raise ValueError(f"problem {longest}'s prompt has {lengths[longest]} tokens, more than "
+                     f"config.max_prompt_length={max_prompt_length}; raise it (and "
+                     f"config.kv_cache_size).")
+  return {"prompts": np.array(prompts), "answer": np.array(answers),
+          "idx": np.arange(len(prompts), dtype=np.int64)}

@@ -196,7 +196,8 @@ def evaluate(config: ml_collections.ConfigDict, benchmarks: Sequence[Benchmark],
   mesh = gsm8k.make_mesh(config)
   model, tokenizer, restored = load_policy(config, mesh, step=step)
   columns = [data.columns(p, tokenizer, max_prompt_length=config.max_prompt_length,
-                          enable_thinking=config.enable_thinking) for p in problems]
+                          enable_thinking=config.enable_thinking,
+                          instruction=config.instruction or None) for p in problems]
   sampling = dataclasses.replace(
       gsm8k.rollout_config(config, gsm8k.stop_ids(tokenizer, config.stop_tokens)), top_p=top_p)
   # Tunix's sampler decodes greedily when it is given no top-p.

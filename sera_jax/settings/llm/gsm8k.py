@@ -1,18 +1,23 @@
-"""GSM8K with a pretrained Qwen3 (or Qwen2) through `SeraLearner`: the paper's LLM setting.
+"""The LLM setting's training entry: a pretrained Qwen3, Qwen2/2.5 or Llama (SmolLM2) trained
+on math problems through `SeraLearner`.
 
-Sized for an accelerator host, not a CPU. Its config is the shipped `gsm8k_qwen3`
-(sera_jax/harness/configs), which `sera-jax train --config gsm8k_qwen3 --config.model_dir=DIR
---config.data_dir=TFDS_DIR` trains, where DIR (local or gs://) holds the model's Hugging Face
-safetensors checkpoint and tokenizer files and TFDS_DIR holds gsm8k prepared by `tfds build
-gsm8k --data_dir=TFDS_DIR`. Nothing here downloads a model or a dataset.
+Sized for an accelerator host, not a CPU. Its configs are the shipped LLM configs
+(sera_jax/harness/configs: `gsm8k_qwen3`, `gsm8k_smollm2`, `math_qwen25`, `polaris_qwen3`),
+which `sera-jax train --config NAME --config.model_dir=DIR` trains, where DIR (local or gs://)
+holds the model's Hugging Face safetensors checkpoint and tokenizer files, and the problems are
+config.data_file (a Parquet or JSONL file in config.data_format, `data`) or, when it is "",
+tfds gsm8k prepared in config.data_dir by `tfds build gsm8k --data_dir=...`. Nothing here
+downloads a model or a dataset.
 
-* Data: tfds "gsm8k" train split, read once into memory; each question with `INSTRUCTION` in
-  the tokenizer's chat template, the answer the number after "####", the dataset index the
-  example's position in the split, served M a step by `learner.epoch_batches`.
-* `exact_reward`: 1 when the last number of the completion equals the answer
-  (`grading.number_reward`).
-* `load_pretrained`: the model through Tunix's safetensors loader of its family and the
-  tokenizer through Tunix's Hugging Face adapter, both from config.model_dir.
+* Data (`read_problems`): read once into memory; each question with the config's instruction
+  (default its grader's, `data.INSTRUCTIONS`) in the tokenizer's chat template, the dataset
+  index the problem's position in the file, served M a step by `learner.epoch_batches`.
+* Reward: `exact_reward` (1 when the last number of the completion equals the answer,
+  `grading.number_reward`) for tfds gsm8k and the "gsm8k" format; math-verify in
+  `grading.MathGrader`'s worker processes for the others.
+* `load_pretrained`: the model (`preset_config`: a ModelConfig preset of its family, with
+  config.model_kwargs) through Tunix's safetensors loader of its family, and the tokenizer
+  through Tunix's Hugging Face adapter, both from config.model_dir.
 * `build_learner`, `train`: the RLCluster of `cluster.build` on a (fsdp, tp) mesh and the
   learner, its SeraConfig from the config's keys (`sera_jax.settings.llm.config`); the model
   and tokenizer are seams, so the tests train a tiny stand-in.
@@ -32,6 +37,8 @@ import optax
 from etils import epath
 from flax import nnx
 from tunix.generate import tokenizer_adapter
+from tunix.models.llama3 import model as llama3_model
+from tunix.models.llama3 import params as llama3_params
 from tunix.models.qwen2 import model as qwen2_model
 from tunix.models.qwen2 import params as qwen2_params
 from tunix.models.qwen3 import model as qwen3_model
@@ -47,21 +54,22 @@ from sera_jax.common.data.tfds_images import (
 from sera_jax.method import validation
 from sera_jax.settings.llm import cluster as cluster_lib
 from sera_jax.settings.llm import config as llm_config
-from sera_jax.settings.llm import grading
+from sera_jax.settings.llm import data, grading
 from sera_jax.settings.llm import learner as learner_lib
+from sera_jax.settings.llm.data import INSTRUCTION, problems, prompt  # noqa: F401 (GSM8K's)
 
 GSM8K = "gsm8k"
-# Tunix's model module (ModelConfig presets, RematConfig) and safetensors loader of each family.
-FAMILIES = {"qwen3": (qwen3_model, qwen3_params), "qwen2": (qwen2_model, qwen2_params)}
+# Tunix's model module (ModelConfig presets, RematConfig) and safetensors loader of each family:
+# Qwen3, Qwen2 and Qwen2.5 (Qwen2.5-Math too), and Llama, whose architecture SmolLM2 shares.
+FAMILIES = {"qwen3": (qwen3_model, qwen3_params), "qwen2": (qwen2_model, qwen2_params),
+            "llama3": (llama3_model, llama3_params)}
 REMATS = ("none", "block", "decoder")
 _REQUIRED = {
     "model_dir": "a local or gs:// directory with the model's Hugging Face *.safetensors "
                  "checkpoint and tokenizer files",
     "data_dir": f"the tfds data_dir (local or gs://) where `tfds build {GSM8K} "
-                f"--data_dir=...` prepared {GSM8K}",
+                f"--data_dir=...` prepared {GSM8K} (or set config.data_file, a problem file)",
 }
-INSTRUCTION = ("Solve the problem step by step, then write the final answer as a plain number "
-               "at the very end.")
 
 
 def _require(config: ml_collections.ConfigDict, key: str) -> None:
@@ -91,40 +99,6 @@ def read_gsm8k(data_dir: str, split: str = "train") -> tuple[list[str], list[str
           [answer_number(example["answer"].decode()) for example in examples])
 
 
-def prompt(question: str, tokenizer, *, enable_thinking: bool = False,
-           instruction: str = INSTRUCTION) -> str:
-  """The question and `instruction`, as a user turn of the tokenizer's chat template if any."""
-  text = f"{question.strip()}\n{instruction}"
-  if getattr(tokenizer, "chat_template", None) is None:
-    return text
-  return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                       add_generation_prompt=True,
-                                       enable_thinking=enable_thinking)
-
-
-def problems(questions: Sequence[str], answers: Sequence[str], tokenizer, *,
-             max_prompt_length: int, enable_thinking: bool = False,
-             instruction: str = INSTRUCTION) -> dict[str, np.ndarray]:
-  """The batch columns of every problem: "prompts" (`prompt` with `instruction`), "answer" and
-  "idx" (0..P-1).
-
-  Raises:
-    ValueError: a prompt is longer than max_prompt_length tokens (Tunix's sampler would
-      otherwise fail on the KV cache when a batch first holds it).
-  """
-  prompts = [prompt(q, tokenizer, enable_thinking=enable_thinking, instruction=instruction)
-             for q in questions]
-  # Tokens as Tunix's sampler counts them: BOS (when the tokenizer has one), then the text.
-  lengths = [len(tokenizer.encode(p)) + bool(tokenizer.bos_id()) for p in prompts]
-  longest = int(np.argmax(lengths))
-  if lengths[longest] > max_prompt_length:
-    raise ValueError(f"problem {longest}'s prompt has {lengths[longest]} tokens, more than "
-                     f"config.max_prompt_length={max_prompt_length}; raise it (and "
-                     f"config.kv_cache_size).")
-  return {"prompts": np.array(prompts), "answer": np.array(answers),
-          "idx": np.arange(len(prompts), dtype=np.int64)}
-
-
 # ---- reward -------------------------------------------------------------------------------
 
 
@@ -136,17 +110,41 @@ exact_reward = grading.number_reward
 
 
 def preset_config(config: ml_collections.ConfigDict):
-  """The family's ModelConfig preset config.model_preset with the config's dtypes and remat."""
+  """The family's ModelConfig: the preset config.model_preset (none: "") with the fields of
+  config.model_kwargs, the config's dtypes and remat.
+
+  Raises:
+    ValueError: an unknown family, preset, remat or ModelConfig field; no preset and
+      model_kwargs that miss a field; or a family whose ModelConfig has no dtype (Tunix's
+      Llama computes in its weights' dtype) with config.dtype != config.param_dtype.
+  """
   validation.choice("config.model_family", config.model_family, tuple(FAMILIES))
   model_lib = FAMILIES[config.model_family][0]
   presets = tuple(name for name, value in vars(model_lib.ModelConfig).items()
                   if isinstance(value, classmethod) and not name.startswith("_"))
-  validation.choice("config.model_preset", config.model_preset, presets)
+  if config.model_preset:
+    validation.choice("config.model_preset", config.model_preset, presets)
   validation.choice("config.remat", config.remat, REMATS)
-  return dataclasses.replace(getattr(model_lib.ModelConfig, config.model_preset)(),
-                             dtype=jnp.dtype(config.dtype),
-                             param_dtype=jnp.dtype(config.param_dtype),
-                             remat_config=model_lib.RematConfig[config.remat.upper()])
+  fields = {field.name for field in dataclasses.fields(model_lib.ModelConfig)}
+  kwargs = dict(config.model_kwargs)
+  unknown = sorted(set(kwargs) - fields)
+  if unknown:
+    raise ValueError(f"config.model_kwargs: {config.model_family}'s ModelConfig has no field "
+                     f"{', '.join(unknown)} (fields: {', '.join(sorted(fields))}).")
+  kwargs["remat_config"] = model_lib.RematConfig[config.remat.upper()]
+  if "dtype" in fields:
+    kwargs |= {"dtype": jnp.dtype(config.dtype), "param_dtype": jnp.dtype(config.param_dtype)}
+  elif config.dtype != config.param_dtype:
+    raise ValueError(f"Tunix's {config.model_family} computes in its weights' dtype: set "
+                     f"config.dtype = config.param_dtype ({config.param_dtype}); got "
+                     f"{config.dtype}.")
+  if config.model_preset:
+    return dataclasses.replace(getattr(model_lib.ModelConfig, config.model_preset)(), **kwargs)
+  try:
+    return model_lib.ModelConfig(**kwargs)
+  except TypeError as error:
+    raise ValueError(f"config.model_preset is empty, so config.model_kwargs must give every "
+                     f"field of {config.model_family}'s ModelConfig: {error}.") from None
 
 
 @contextlib.contextmanager
@@ -192,7 +190,9 @@ def load_pretrained(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, 
     tokenizer = tokenizer_adapter.Tokenizer(tokenizer_type="huggingface", tokenizer_path=local,
                                             add_bos=False, add_eos=False)
     model = FAMILIES[config.model_family][1].create_model_from_safe_tensors(
-        local, model_config, mesh, dtype=model_config.param_dtype)
+        local, model_config, mesh,
+        # Tunix's Llama has no param_dtype: its weights load in config.param_dtype.
+        dtype=getattr(model_config, "param_dtype", jnp.dtype(config.param_dtype)))
   return model, tokenizer
 
 
@@ -239,35 +239,53 @@ def rollout_config(config: ml_collections.ConfigDict,
       temperature=config.temperature, top_p=1.0, eos_tokens=list(eos_tokens))
 
 
+def read_problems(config: ml_collections.ConfigDict):
+  """The training problems (a `data.Problems`): config.data_file in config.data_format, or,
+  when data_file is "", tfds gsm8k's train split in config.data_dir, graded by the number."""
+  if config.data_file:
+    return data.load(config.data_file, config.data_format)
+  _require(config, "data_dir")
+  questions, answers = read_gsm8k(config.data_dir)
+  return data.Problems(questions, answers, np.arange(len(questions), dtype=np.int64), "number")
+
+
 def build_learner(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *,
-                  model: nnx.Module | None = None, tokenizer=None
+                  model: nnx.Module | None = None, tokenizer=None,
+                  grader: grading.MathGrader | None = None
                   ) -> tuple[learner_lib.SeraLearner, Iterator[dict[str, np.ndarray]]]:
-  """The SeraLearner of `config` on GSM8K's training split, and the batches it trains on.
+  """The SeraLearner of `config` on its training problems (`read_problems`), and the batches
+  it trains on.
 
   The data is read and the SERA and optimizer keys are checked before the model loads, so
-  those mistakes fail at once.
+  those mistakes fail at once. A problem file graded by the number is rewarded by
+  `exact_reward`, one graded by math-verify by `grader`'s workers.
 
   Args:
-    config: the keys of the shipped config `gsm8k_qwen3` (sera_jax/harness/configs).
+    config: the keys of the shipped LLM configs (`gsm8k_qwen3`, sera_jax/harness/configs).
     mesh: every role's mesh (`make_mesh`).
     model, tokenizer: the policy and its tokenizer; default (both None) config.model_dir's.
+    grader: the math grader of a math-graded problem file (`train` opens one).
   """
   if (model is None) != (tokenizer is None):
     raise ValueError("pass both a model and its tokenizer, or neither (config.model_dir's).")
   if model is None:
     _require(config, "model_dir")
-  _require(config, "data_dir")
   needed = config.max_prompt_length + config.max_tokens_to_generate
   if config.kv_cache_size < needed:
     raise ValueError(f"config.kv_cache_size must be >= max_prompt_length + "
                      f"max_tokens_to_generate = {needed}; got {config.kv_cache_size}.")
-  questions, answers = read_gsm8k(config.data_dir)
-  algo_config = llm_config.sera_config(config, dataset_size=len(questions))
+  training = read_problems(config)
+  if training.grader == "math" and grader is None:
+    raise ValueError(f"{config.data_file} is graded by math-verify: pass a grading.MathGrader "
+                     f"(train opens one).")
+  reward = exact_reward if training.grader == "number" else grader.math_reward
+  algo_config = llm_config.sera_config(config, dataset_size=len(training.questions))
   optimizer = make_optimizer(config)
   if model is None:
     model, tokenizer = load_pretrained(config, mesh)
-  columns = problems(questions, answers, tokenizer, max_prompt_length=config.max_prompt_length,
-                     enable_thinking=config.enable_thinking)
+  columns = data.columns(training, tokenizer, max_prompt_length=config.max_prompt_length,
+                         enable_thinking=config.enable_thinking,
+                         instruction=config.instruction or None)
   train_batches = learner_lib.epoch_batches(columns, config.batch_size, config.seed)
   cluster = cluster_lib.build(
       model, tokenizer, mesh, optimizer=optimizer, max_steps=config.num_steps,
@@ -276,14 +294,20 @@ def build_learner(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, *,
       save_every=config.checkpoint_every, max_to_keep=config.checkpoints_to_keep,
       log_dir=config.log_dir or None, batch_size=config.batch_size,
       train_micro_batch_size=config.train_micro_batch_size)
-  return learner_lib.SeraLearner(cluster, algo_config, exact_reward), train_batches
+  return learner_lib.SeraLearner(cluster, algo_config, reward), train_batches
 
 
 def train(config: ml_collections.ConfigDict, *, model: nnx.Module | None = None,
           tokenizer=None) -> learner_lib.SeraLearner:
-  """Trains to config.num_steps (resuming config.checkpoint_dir); returns the learner."""
+  """Trains to config.num_steps (resuming config.checkpoint_dir); returns the learner. A
+  math-graded problem file is graded in config.grading_processes worker processes."""
   mesh = make_mesh(config)
-  learner, train_batches = build_learner(config, mesh, model=model, tokenizer=tokenizer)
-  with jax.set_mesh(mesh):
-    learner.train(train_batches)
+  with contextlib.ExitStack() as stack:
+    grader = None
+    if config.data_file and data.FORMATS[config.data_format].grader == "math":
+      grader = stack.enter_context(grading.MathGrader(config.grading_processes))
+    learner, train_batches = build_learner(config, mesh, model=model, tokenizer=tokenizer,
+                                           grader=grader)
+    with jax.set_mesh(mesh):
+      learner.train(train_batches)
   return learner

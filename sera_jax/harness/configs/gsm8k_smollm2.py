@@ -1,0 +1,54 @@
+"""GSM8K with SmolLM2-360M-Instruct: the SERA authors' first LLM experiment (docs/llm.md,
+"The shipped LLM configs"), on the keys of `gsm8k_qwen3`. Sized for 8 devices of 80 GB:
+
+  sera-jax train --config gsm8k_smollm2 --config.model_dir=DIR --config.data_file=TRAIN
+
+DIR (local or gs://) holds HuggingFaceTB/SmolLM2-360M-Instruct's safetensors and tokenizer
+files; TRAIN is openai/gsm8k main's train split as the authors prepare it, a verl Parquet file
+(extra_info.question, reward_model.ground_truth: the number after "####"), graded by
+math-verify as theirs is. `--config.data_file= --config.data_dir=TFDS_DIR` reads tfds gsm8k
+instead, graded by the last number.
+"""
+
+import ml_collections
+
+from sera_jax.harness.configs import gsm8k_qwen3
+
+
+def get_config():
+  config = gsm8k_qwen3.get_config()
+  # SmolLM2 is a Llama (Tunix's llama3 family, plain RoPE) with tied embeddings; Tunix has no
+  # preset of it, so every ModelConfig field is given (its Hugging Face config.json).
+  config.model_family = "llama3"
+  config.model_preset = ""
+  config.model_kwargs = ml_collections.ConfigDict(dict(
+      num_layers=32, vocab_size=49_152, embed_dim=960, hidden_dim=2560, num_heads=15,
+      head_dim=64, num_kv_heads=5, rope_theta=100_000, norm_eps=1e-5, weight_tying=True))
+  # Tunix's Llama computes in its weights' dtype: float32 throughout (the authors' FSDP
+  # actor keeps float32 weights and computes in bfloat16).
+  config.dtype = "float32"
+  config.data_format = "verl"
+  # The authors' words after each question (theirs joined by a space, ours by a newline).
+  config.instruction = "Let's think step by step and output the final answer within \\boxed{}."
+  # SERA as in their script (the method's historical estimator defaults are theirs too).
+  config.batch_size = 256
+  config.baseline_n = 16
+  config.n_min = 2
+  config.n_max = 64
+  config.threshold = 0.05
+  # verl's AdamW (weight decay 0.01) at a constant 1e-5, gradients clipped to 1.0.
+  config.learning_rate = 1e-5
+  config.weight_decay = 0.01
+  config.grad_clip_norm = 1.0
+  config.num_steps = 2000
+  config.max_prompt_length = 512
+  config.max_tokens_to_generate = 2048
+  config.kv_cache_size = 2560
+  config.temperature = 1.0
+  # SmolLM2-Instruct's EOS is <|im_end|>, which ends its turn.
+  config.stop_tokens = ("<|im_end|>",)
+  # 8 devices of 80 GB by benchmarks/llm_memory.py (docs/scaling_llm.md).
+  config.generation_batch_size = 512
+  config.train_micro_batch_size = 4
+  config.mesh_shape = (-1, 1)
+  return config
