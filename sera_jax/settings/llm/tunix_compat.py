@@ -262,11 +262,12 @@ def without_remat(model: nnx.Module) -> Iterator[None]:
   if remat is None:
     yield
     return
-  config.remat_config = type(remat).NONE
+  # object.__setattr__: Tunix's Llama ModelConfig is a frozen dataclass (its Qwens' are not).
+  object.__setattr__(config, "remat_config", type(remat).NONE)
   try:
     yield
   finally:
-    config.remat_config = remat
+    object.__setattr__(config, "remat_config", remat)
 
 
 # Finite, so log-probabilities and their gradients stay finite, and far enough below any logit
