@@ -7,10 +7,13 @@ import jax
 import numpy as np
 import pytest
 
+from sera_jax.common import batching
 from sera_jax.harness import batched as harness_batched
-from sera_jax.harness import train
+from sera_jax.harness import configs, train
 from sera_jax.harness.configs import default
 from sera_jax.settings.classification import batched, task
+from sera_jax.settings.maze import batched as maze_batched
+from sera_jax.settings.maze import task as maze_task
 
 STEPS = 3
 # Metrics of the allocation's integer counts and of the groups' success counts: equal exactly.
@@ -121,6 +124,89 @@ def test_run_batch_writes_each_run_as_train_run_writes_it(tmp_path):
     harness_batched.run_batch(configs, workdirs)
   with pytest.raises(ValueError, match="its own workdir"):
     harness_batched.run_batch(configs, [workdirs[0]] * 2)
+
+
+def _maze_config(method="sera", **overrides):
+  config = configs.load("maze")
+  # Epochs of 2 RL steps after a 1-step warm start: SERA allocates at step 3.
+  config.update(dict(method=method, maze_size=7, num_train_mazes=8, batch_size=4, baseline_n=4,
+                     n_min=2, n_max=8, num_eval_mazes=2, eval_batch_size=2, dim=16,
+                     num_layers=1, num_heads=2, warmup_steps=1, warmup_learning_rate=1e-2,
+                     num_steps=MAZE_STEPS) | overrides)
+  return config
+
+
+MAZE_STEPS = 4
+# Seeds and every optimizer scalar differing.
+MAZE_RUNS = (dict(seed=0), dict(seed=1, learning_rate=1e-3, warmup_learning_rate=3e-3,
+                                grad_clip_norm=0.5, weight_decay=1e-4))
+MAZE_COUNTED = ("rollouts/min", "rollouts/max", "active_fraction", "useful_group_fraction",
+                "all_zero_group_fraction", "estimated_fraction", "reward/mean")
+
+
+def _maze_alone(config):
+  single = maze_task.MazeTask(config)
+  state = single.init_state(jax.random.PRNGKey(config.seed))
+  rows = []
+  for step in range(config.num_steps):
+    state, metrics = single.train_step(state, step)
+    rows.append(jax.device_get(metrics))
+  return jax.device_get(state), rows
+
+
+def _assert_same_maze_params(alone, together, dim):
+  """Within 1e-5, but for the attention's key bias: its gradient is 0 in exact arithmetic
+  (a softmax over keys ignores a shift of them all), so Adam moves it by rounding noise
+  scaled to the learning rate, differently in the two programs."""
+  for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(alone)[0], jax.tree.leaves(together),
+                          strict=True):
+    name = jax.tree_util.keystr(path)
+    if name.endswith("['qkv']['bias']"):
+      a, b = np.delete(a, np.s_[dim:2 * dim]), np.delete(b, np.s_[dim:2 * dim])
+    np.testing.assert_allclose(b, a, rtol=0, atol=1e-5, err_msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["sera", "uniform", "grpo"])
+def test_each_maze_run_of_a_batch_is_the_run_alone(method):
+  configs_ = [_maze_config(method, **run) for run in MAZE_RUNS]
+  runs = maze_batched.BatchedMaze(configs_)
+  states = runs.init_state()
+  rows = []
+  for step in range(MAZE_STEPS):
+    states, metrics = runs.train_step(states, step)
+    rows.append(jax.device_get(metrics))
+  states = jax.device_get(states)
+  for r, config in enumerate(configs_):
+    state, alone_rows = _maze_alone(config)
+    together_rows = [{key: value[r] for key, value in row.items()} for row in rows]
+    for step, (alone, together) in enumerate(zip(alone_rows, together_rows, strict=True)):
+      assert set(together) == set(alone)
+      for key, value in alone.items():
+        message = f"run {r}, step {step}, {key}"
+        if key in MAZE_COUNTED:
+          np.testing.assert_array_equal(together[key], value, err_msg=message)
+        else:
+          np.testing.assert_allclose(together[key], value, rtol=RTOL, atol=ATOL, err_msg=message)
+    run = batching.run_state(states, r)
+    # The historical estimator's counts and staged outcomes: the allocations' inputs, exact.
+    jax.tree.map(np.testing.assert_array_equal, run.historical, state.historical)
+    _assert_same_maze_params(state.params, run.params, config.dim)
+  assert "rollouts/max" in rows[-1]
+  # The last step allocated on the estimate of the first RL epoch (SERA's counts from it).
+  np.testing.assert_array_equal(rows[-1]["estimated_fraction"], 1.0)
+  first, second = (jax.tree.leaves(batching.run_state(states, r).params)[0] for r in (0, 1))
+  assert not np.allclose(first, second)
+
+
+@pytest.mark.parametrize("key,value", [("batch_size", 8), ("baseline_n", 8), ("n_max", 16),
+                                       ("dim", 32), ("method", "grpo"), ("threshold", 0.1),
+                                       ("data_seed", 1)])
+def test_a_maze_key_outside_the_varied_ones_is_refused_by_name(key, value):
+  configs_ = [_maze_config(seed=0), _maze_config(seed=1, learning_rate=1e-3, **{key: value})]
+  with pytest.raises(ValueError, match=rf"^config\.{key} differs between runs .* run 1\); "
+                                       r"the runs of a batch may differ only in seed, "):
+    maze_batched.BatchedMaze(configs_)
 
 
 @pytest.mark.slow

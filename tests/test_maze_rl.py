@@ -137,7 +137,8 @@ def test_a_task_reused_for_another_seed_trains_as_a_fresh_task_of_that_seed(sera
 
 def test_the_seed_orders_the_batches_and_data_seed_builds_the_mazes():
   first, other_seed = maze_rl.MazeTask(_config(seed=0)), maze_rl.MazeTask(_config(seed=1))
-  orders = [[task._batch(i, 0)[0].tolist() for i in range(4)] for task in (first, other_seed)]
+  orders = [[maze_rl.batch_ids(task.config, i, 0)[0].tolist() for i in range(4)]
+            for task in (first, other_seed)]
   assert orders[0] != orders[1]
   np.testing.assert_array_equal(first.train_mazes, other_seed.train_mazes)
   np.testing.assert_array_equal(first.eval_mazes, other_seed.eval_mazes)

@@ -14,45 +14,20 @@ batched arithmetic.
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 
-from sera_jax.common import optim
+from sera_jax.common import batching, optim
 from sera_jax.settings.classification import task
 
 # The config keys that may differ between the runs of a batch; any other is refused.
 VARIED = ("seed", "learning_rate", "momentum", "weight_decay")
 
 
-def _flat(config: ml_collections.ConfigDict, prefix: str = "") -> dict:
-  flat = {}
-  for key, value in config.items():
-    if isinstance(value, ml_collections.ConfigDict):
-      flat |= _flat(value, f"{prefix}{key}.")
-    else:
-      flat[f"{prefix}{key}"] = value
-  return flat
-
-
 def check_batchable(configs: Sequence[ml_collections.ConfigDict]) -> None:
-  """Refuses an empty batch, or runs that differ in a key outside `VARIED`.
-
-  Raises:
-    ValueError: naming the first such key and the two values.
-  """
-  if not configs:
-    raise ValueError("a batch of runs needs at least one config.")
-  first = _flat(configs[0])
-  for r, config in enumerate(configs[1:], start=1):
-    other = _flat(config)
-    for key in sorted(first.keys() | other.keys()):
-      if key not in VARIED and first.get(key) != other.get(key):
-        raise ValueError(
-            f"config.{key} differs between runs ({first.get(key)!r} in run 0, "
-            f"{other.get(key)!r} in run {r}); the runs of a batch may differ only in "
-            f"{', '.join(VARIED)}.")
+  """`batching.check_batchable` with the classification's `VARIED` keys."""
+  batching.check_batchable(configs, VARIED)
 
 
 def _unit_schedule(config: ml_collections.ConfigDict) -> optax.Schedule:
@@ -78,11 +53,13 @@ def _optimizer(factory, config: ml_collections.ConfigDict) -> optax.GradientTran
                  weight_decay=config.weight_decay)
 
 
-def make_batched_train_step(model, config: ml_collections.ConfigDict, *, align: bool):
+def make_batched_train_step(model, config: ml_collections.ConfigDict, *, align: bool,
+                            mesh=None):
   """The jitted step of R runs: (states, images, labels, step) -> (states, metrics).
 
   States, images [R, M, ...] and labels [R, M] carry the run axis first; every metric
-  is [R]. `config` is any run's (their shared keys).
+  is [R]. `config` is any run's (their shared keys). With a `mesh`
+  (`batching.runs_mesh`) the run axis is split over its "runs" axis.
   """
   factory = _optimizer_factory(config)
   unit = _unit_schedule(config)
@@ -91,27 +68,31 @@ def make_batched_train_step(model, config: ml_collections.ConfigDict, *, align: 
   step = task.make_train_step(
       model, optimizer, config, align=align,
       learning_rate=lambda opt_state, step: opt_state.hyperparams["learning_rate"] * unit(step))
-  return jax.jit(jax.vmap(step, in_axes=(0, 0, 0, None)), donate_argnums=0)
+  return batching.map_runs(step, (0, 0, 0, None), mesh)
 
 
-def run_state(states: task.TrainState, r: int) -> task.TrainState:
-  """Run r's state, as the run alone would hold it (its optimizer state batched-shaped)."""
-  return jax.tree.map(lambda x: x[r], states)
+run_state = batching.run_state
 
 
 class BatchedClassification:
   """R classification runs trained as one program (`make_batched_train_step`).
 
-  One device, one process: the runs' batches are stacked on the host.
+  One process: the runs' batches are stacked on the host. With a `mesh`
+  (`batching.runs_mesh`) the runs are split over its "runs" axis; the number of runs
+  must be a multiple of that axis's size.
   """
 
-  def __init__(self, configs: Sequence[ml_collections.ConfigDict]):
+  def __init__(self, configs: Sequence[ml_collections.ConfigDict], mesh=None):
     check_batchable(configs)
     self.configs = list(configs)
+    self.mesh = mesh
+    if mesh is not None:
+      batching.check_runs_divisible(len(self.configs), mesh)
     self.task = task.ClassificationTask(self.configs[0])  # dataset, model, evaluation
     factory = _optimizer_factory(self.configs[0])
     self._optimizers = [_optimizer(factory, config) for config in self.configs]
-    self._steps = {align: make_batched_train_step(self.task.model, self.configs[0], align=align)
+    self._steps = {align: make_batched_train_step(self.task.model, self.configs[0], align=align,
+                                                  mesh=mesh)
                    for align in (True, False)}
 
   @property
@@ -122,14 +103,14 @@ class BatchedClassification:
     """Every run's initial state, each from PRNGKey(its seed) as a run alone, stacked."""
     states = [task.init_train_state(self.task.model, optimizer, jax.random.PRNGKey(config.seed))
               for optimizer, config in zip(self._optimizers, self.configs, strict=True)]
-    return jax.tree.map(lambda *x: jnp.stack(x), *states)
+    return batching.split_runs(batching.stack(states), self.mesh)
 
   def _batches(self, step: int):
     config = self.configs[0]
     batches = [self.task.dataset.train_batch(step, config.batch_size, run.seed)
                for run in self.configs]
-    return (np.stack([batch["image"] for batch in batches]),
-            np.stack([batch["label"] for batch in batches]))
+    return batching.split_runs((np.stack([batch["image"] for batch in batches]),
+                                np.stack([batch["label"] for batch in batches])), self.mesh)
 
   def train_step(self, states: task.TrainState, step: int):
     """One step of every run: (states, metrics of [R] arrays)."""
@@ -139,4 +120,9 @@ class BatchedClassification:
 
   def evaluate(self, states: task.TrainState) -> list[dict[str, float]]:
     """Each run's `ClassificationTask.evaluate`, run by run."""
+    states = jax.device_get(states)
     return [self.task.evaluate(run_state(states, r)) for r in range(self.num_runs)]
+
+  def write_figures(self, workdir: str, rows: list[dict]) -> None:
+    """A run's figures, as `ClassificationTask.write_figures` draws them."""
+    self.task.write_figures(workdir, rows)

@@ -56,7 +56,7 @@ from sera_jax.settings.maze.policy import MazePolicy
 
 INPUTS = ("log_p",)  # what the maze offers an allocation (`registry.AllocationInputs`)
 PASS_AT_K = tuple(2**i for i in range(9))  # 1, 2, 4, ..., 256
-_TRAIN_SET, _EVAL_SET, _WARMUP_ORDER, _RL_ORDER, _EVAL_KEY, _VALIDATION_SET, _VALIDATION_KEY = (
+_TRAIN_SET, _EVAL_SET, WARMUP_ORDER, RL_ORDER, _EVAL_KEY, _VALIDATION_SET, _VALIDATION_KEY = (
     range(7))
 
 
@@ -152,13 +152,34 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> 
                                  eval_batch * config.eval_samples, num_devices)
 
 
-def _optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """Clipped Adam(W) or SGD; the warm start and RL phases have their own learning rate."""
   schedule = optax.join_schedules(
       [optax.constant_schedule(config.warmup_learning_rate),
        optax.constant_schedule(config.learning_rate)], [config.warmup_steps])
   return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm),
                      optim.make_optimizer(config, schedule))
+
+
+def batch_ids(config: ml_collections.ConfigDict, index: int, order: int
+              ) -> tuple[np.ndarray, bool]:
+  """Maze ids of the index-th batch of shuffled epochs, and whether it opens an epoch > 0."""
+  per_epoch = config.num_train_mazes // config.batch_size
+  epoch, position = divmod(index, per_epoch)
+  # The run's seed orders the batches (as it does for classification); data_seed
+  # only builds the mazes, which every seed and method shares.
+  permutation = np.random.default_rng(
+      [config.seed, config.data_seed, order, epoch]).permutation(config.num_train_mazes)
+  ids = permutation[position * config.batch_size:(position + 1) * config.batch_size]
+  return ids.astype(np.int32), position == 0 and epoch > 0
+
+
+def step_batch(config: ml_collections.ConfigDict, step: int) -> tuple[np.ndarray, bool | None]:
+  """The maze ids of `step`'s batch, and whether it opens an RL epoch > 0 (None in the warm
+  start): what `MazeTask.train_step` hands its warm-start or RL step."""
+  if step < config.warmup_steps:
+    return batch_ids(config, step, WARMUP_ORDER)[0], None
+  return batch_ids(config, step - config.warmup_steps, RL_ORDER)
 
 
 def _generate(key: jax.Array, count: int, size: int) -> jax.Array:
@@ -239,9 +260,12 @@ def replay_pass_at_k(train_paths: jax.Array, mazes: jax.Array, ks=PASS_AT_K) -> 
 class MazeTask:
   """The `sera_jax.harness.train.Task` of maze navigation."""
 
-  def __init__(self, config: ml_collections.ConfigDict):
-    self.mesh = sharding.make_mesh()
-    validate_config(config, self.mesh.devices.size)
+  def __init__(self, config: ml_collections.ConfigDict, *, mesh=None, optimizer=None):
+    """A task of `config` on `mesh` (default `sharding.make_mesh()`: every device on "data")
+    with `optimizer` (default `make_optimizer(config)`; a batch of runs passes one that reads
+    each run's scalars from its state)."""
+    self.mesh = sharding.make_mesh() if mesh is None else mesh
+    validate_config(config, self.mesh.shape[sharding.DATA_AXIS])
     self.config = config
     self.allocation = allocation_config(config)
     max_steps = config.max_steps or maze_env.max_path_length(config.maze_size) + 1
@@ -268,9 +292,9 @@ class MazeTask:
     self.train_mazes, self.train_paths, self.eval_mazes, self.validation_mazes = (
         sharding.replicate((train_mazes, train_paths, self.held_out.mazes,
                             self.validation.mazes), self.mesh))
-    self.optimizer = _optimizer(config)
-    self._warmup_step = jax.jit(self._warmup_step_fn)
-    self._rl_step = jax.jit(self._rl_step_fn)
+    self.optimizer = make_optimizer(config) if optimizer is None else optimizer
+    self._warmup_step = jax.jit(self.warmup_step_fn)
+    self._rl_step = jax.jit(self.rl_step_fn)
     self._eval_successes = jax.jit(self._eval_successes_fn,
                                    out_shardings=sharding.replicated(self.mesh))
 
@@ -283,12 +307,11 @@ class MazeTask:
     return sharding.replicate(state, self.mesh)
 
   def train_step(self, state: MazeState, step: int) -> tuple[MazeState, dict[str, jax.Array]]:
-    config = self.config
-    if step < config.warmup_steps:
-      ids, _ = self._batch(step, _WARMUP_ORDER)
-      return self._warmup_step(state, sharding.replicate(ids, self.mesh))
-    ids, new_epoch = self._batch(step - config.warmup_steps, _RL_ORDER)
-    return self._rl_step(state, sharding.replicate(ids, self.mesh), step, new_epoch)
+    ids, new_epoch = step_batch(self.config, step)
+    ids = sharding.replicate(ids, self.mesh)
+    if new_epoch is None:
+      return self._warmup_step(state, ids)
+    return self._rl_step(state, ids, step, new_epoch)
 
   def evaluate(self, state: MazeState) -> dict[str, float]:
     """pass@k on the held-out mazes from config.eval_samples samples a maze, and as
@@ -312,24 +335,12 @@ class MazeTask:
 
   # ---- steps ----------------------------------------------------------------------------------
 
-  def _batch(self, index: int, order: int) -> tuple[np.ndarray, bool]:
-    """Maze ids of the index-th batch of shuffled epochs, and whether it opens an epoch > 0."""
-    config = self.config
-    per_epoch = config.num_train_mazes // config.batch_size
-    epoch, position = divmod(index, per_epoch)
-    # The run's seed orders the batches (as it does for classification); data_seed
-    # only builds the mazes, which every seed and method shares.
-    permutation = np.random.default_rng(
-        [config.seed, config.data_seed, order, epoch]).permutation(config.num_train_mazes)
-    ids = permutation[position * config.batch_size:(position + 1) * config.batch_size]
-    return ids.astype(np.int32), position == 0 and epoch > 0
-
   def _apply(self, state: MazeState, grads) -> tuple[Any, Any]:
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     return optax.apply_updates(state.params, updates), opt_state
 
-  def _warmup_step_fn(self, state: MazeState, ids: jax.Array) -> tuple[MazeState, dict]:
-    """Supervised step: minimise the mean NLL of the BFS paths of a batch of mazes."""
+  def warmup_step_fn(self, state: MazeState, ids: jax.Array) -> tuple[MazeState, dict]:
+    """Supervised step (unjitted): minimise the mean NLL of the BFS paths of a batch."""
     mazes = sharding.split_rows(self.train_mazes[ids], self.mesh)
     paths = sharding.split_rows(self.train_paths[ids], self.mesh)
 
@@ -341,8 +352,10 @@ class MazeTask:
     return state._replace(params=params, opt_state=opt_state), {"loss": loss,
                                                                 "warmup/nll": loss}
 
-  def _rl_step_fn(self, state: MazeState, ids: jax.Array, step, new_epoch) -> tuple[MazeState,
-                                                                                   dict]:
+  def rl_step_fn(self, state: MazeState, ids: jax.Array, step, new_epoch
+                 ) -> tuple[MazeState, dict]:
+    """RL step (unjitted) on the batch of mazes `ids`, its rollouts drawn from
+    fold_in(state.rng, step); `new_epoch` whether the batch opens an epoch > 0."""
     config = self.config
     num_prompts, budget = config.batch_size, config.batch_size * config.baseline_n
     historical, alloc, log_p = historical_allocation(self.allocation, state.historical, ids,

@@ -1,0 +1,101 @@
+"""What every batch of runs shares: which configs may batch, the run axis and its mesh.
+
+A batch trains R runs of one setting as one program: every array of the state gains a
+leading run axis and the setting's step is mapped over it with `jax.vmap`. The runs
+share every config value that fixes a shape or the compiled program and differ only in
+a setting's `varied` keys (the seed, scalars that enter the step as traced arrays).
+
+On a mesh with a "runs" axis (`runs_mesh`) the run axis is split over its devices, so a
+pod trains its grid as one program with each run's data on its own devices; the mesh's
+"data" axis splits each run's batch as a single run's mesh does
+(`sera_jax.common.sharding`). `vmap(..., spmd_axis_name=RUNS_AXIS)` puts the run axis on
+"runs" in every sharding constraint inside the step.
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from sera_jax.common import sharding
+
+RUNS_AXIS = "runs"
+
+
+def flat_config(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
+  """{"key": value, "nested.key": value, ...} of every leaf of `config`."""
+  flat = {}
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      flat |= flat_config(value, f"{prefix}{key}.")
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def check_batchable(configs: Sequence[ml_collections.ConfigDict], varied: Sequence[str]) -> None:
+  """Refuses an empty batch, or runs that differ in a key outside `varied`.
+
+  Raises:
+    ValueError: naming the first such key and the two values.
+  """
+  if not configs:
+    raise ValueError("a batch of runs needs at least one config.")
+  first = flat_config(configs[0])
+  for r, config in enumerate(configs[1:], start=1):
+    other = flat_config(config)
+    for key in sorted(first.keys() | other.keys()):
+      if key not in varied and first.get(key) != other.get(key):
+        raise ValueError(
+            f"config.{key} differs between runs ({first.get(key)!r} in run 0, "
+            f"{other.get(key)!r} in run {r}); the runs of a batch may differ only in "
+            f"{', '.join(varied)}.")
+
+
+def stack(trees: Sequence[Any]) -> Any:
+  """The pytrees `trees` (one a run, alike in structure) as one with a leading run axis."""
+  return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+def run_state(states: Any, r: int) -> Any:
+  """Run r's slice of a batched pytree (its optimizer state batched-shaped)."""
+  return jax.tree.map(lambda x: x[r], states)
+
+
+def runs_mesh(runs_devices: int, devices=None) -> Mesh:
+  """A ("runs", "data") mesh: the run axis over `runs_devices` devices, each run's data
+  over the rest (the devices ordered as `sharding.make_mesh` orders them).
+
+  Raises:
+    ValueError: `runs_devices` does not divide the device count.
+  """
+  ordered = sharding.make_mesh(devices).devices.reshape(-1)
+  if runs_devices < 1 or ordered.size % runs_devices:
+    raise ValueError(f"the runs axis ({runs_devices} devices) must divide the "
+                     f"{ordered.size} devices.")
+  return Mesh(ordered.reshape(runs_devices, -1), (RUNS_AXIS, sharding.DATA_AXIS))
+
+
+def check_runs_divisible(num_runs: int, mesh: Mesh) -> None:
+  """Refuses a batch whose runs do not split evenly over the mesh's "runs" axis."""
+  if num_runs % mesh.shape[RUNS_AXIS]:
+    raise ValueError(f"a batch of {num_runs} runs does not split over the "
+                     f"{mesh.shape[RUNS_AXIS]} devices of the mesh's runs axis.")
+
+
+def split_runs(tree: Any, mesh: Mesh | None) -> Any:
+  """`tree` (leading run axis) on the mesh's "runs" axis, or as it is without a mesh."""
+  if mesh is None:
+    return tree
+  return jax.device_put(tree, NamedSharding(mesh, PartitionSpec(RUNS_AXIS)))
+
+
+def map_runs(step, in_axes, mesh: Mesh | None):
+  """`step` mapped over the run axis and jitted (the states, argument 0, donated)."""
+  mapped = jax.vmap(step, in_axes=in_axes,
+                    spmd_axis_name=RUNS_AXIS if mesh is not None else None)
+  return jax.jit(mapped, donate_argnums=0)
+

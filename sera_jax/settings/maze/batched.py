@@ -1,0 +1,105 @@
+"""R maze runs as one program: a leading run axis, the task's steps under `jax.vmap`.
+
+The runs of a batch share every config value that fixes a shape or the compiled program
+(the mazes and data_seed, the policy, batch_size, baseline_n, n_min, n_max, method,
+estimator, the threshold and the historical estimator, ...) and may differ in `VARIED`
+alone: the seed (initial parameters, batch order, rollouts) and the optimizer's scalars.
+Those enter as traced arrays: `optax.inject_hyperparams` keeps each run's rates, momentum,
+weight decay and clipping norm in its optimizer state. The steps are `MazeTask`'s,
+unchanged, mapped over the runs, so run r of a batch is the run config r trains alone
+(the allocation of docs/method.md#the-waterline on docs/method.md#estimating-p's estimate),
+up to the rounding of batched arithmetic.
+"""
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from sera_jax.common import batching, optim, sharding
+from sera_jax.settings.maze import task as maze_task
+
+# The optimizer's scalars, each a traced hyperparameter of the batch's optimizer.
+SCALARS = ("learning_rate", "warmup_learning_rate", "momentum", "weight_decay", "grad_clip_norm")
+# The config keys that may differ between the runs of a batch; any other is refused.
+VARIED = ("seed", *SCALARS)
+
+
+def check_batchable(configs: Sequence[ml_collections.ConfigDict]) -> None:
+  """`batching.check_batchable` with the maze's `VARIED` keys."""
+  batching.check_batchable(configs, VARIED)
+
+
+def _optimizer_factory(config: ml_collections.ConfigDict):
+  """`maze_task.make_optimizer`'s transformation, its scalars held as arrays in its state."""
+
+  def chain(learning_rate, warmup_learning_rate, momentum, weight_decay, grad_clip_norm):
+    # The rate of the warm start, then of RL: make_optimizer's two constant schedules.
+    rate = lambda count: jnp.where(count < config.warmup_steps,  # noqa: E731
+                                   warmup_learning_rate, learning_rate)
+    return optax.chain(optax.clip_by_global_norm(grad_clip_norm),
+                       optim.optimizer_chain(config.optimizer, rate, momentum=momentum,
+                                             weight_decay=weight_decay))
+  return optax.inject_hyperparams(chain)
+
+
+class BatchedMaze:
+  """R maze runs trained as one program: `MazeTask`'s warm-start and RL steps vmapped.
+
+  One process: the runs' batches of maze ids are stacked on the host. With a `mesh`
+  (`batching.runs_mesh`) the runs are split over its "runs" axis and each run's rollouts
+  over its "data" axis; the number of runs must be a multiple of the "runs" axis's size.
+  """
+
+  def __init__(self, configs: Sequence[ml_collections.ConfigDict], mesh=None):
+    check_batchable(configs)
+    self.configs = list(configs)
+    for config in self.configs:
+      maze_task.validate_config(config)
+      maze_task.make_optimizer(config)  # checks the run's optimizer values
+    self.mesh = mesh
+    if mesh is not None:
+      batching.check_runs_divisible(len(self.configs), mesh)
+    factory = _optimizer_factory(self.configs[0])
+    self._optimizers = [factory(**{name: config[name] for name in SCALARS})
+                        for config in self.configs]
+    # Every run's optimizer updates alike: it reads the run's scalars from its state.
+    self.task = maze_task.MazeTask(self.configs[0], mesh=mesh,
+                                   optimizer=factory(**dict.fromkeys(SCALARS, 1.0)))
+    self._warmup_step = batching.map_runs(self.task.warmup_step_fn, (0, 0), mesh)
+    self._rl_step = batching.map_runs(self.task.rl_step_fn, (0, 0, None, None), mesh)
+
+  @property
+  def num_runs(self) -> int:
+    return len(self.configs)
+
+  def init_state(self) -> maze_task.MazeState:
+    """Every run's initial state, each from PRNGKey(its seed) as a run alone, stacked."""
+    states = []
+    for optimizer, config in zip(self._optimizers, self.configs, strict=True):
+      state = self.task.init_state(jax.random.PRNGKey(config.seed))
+      states.append(state._replace(opt_state=optimizer.init(state.params)))
+    return batching.split_runs(jax.device_get(batching.stack(states)), self.mesh)
+
+  def train_step(self, states: maze_task.MazeState, step: int):
+    """One step of every run: (states, metrics of [R] arrays)."""
+    batches = [maze_task.step_batch(config, step) for config in self.configs]
+    ids = batching.split_runs(np.stack([ids for ids, _ in batches]), self.mesh)
+    new_epoch = batches[0][1]  # the step's alone: the same for every run
+    if new_epoch is None:
+      return self._warmup_step(states, ids)
+    return self._rl_step(states, ids, step, new_epoch)
+
+  def evaluate(self, states: maze_task.MazeState) -> list[dict[str, float]]:
+    """Each run's `MazeTask.evaluate`, run by run."""
+    states = jax.device_get(states)
+    mesh = self.task.mesh
+    return [self.task.evaluate(sharding.replicate(batching.run_state(states, r), mesh))
+            for r in range(self.num_runs)]
+
+  def write_figures(self, workdir: str, rows: list[dict]) -> None:
+    """A run's figures, as `MazeTask.write_figures` draws them."""
+    self.task.write_figures(workdir, rows)
