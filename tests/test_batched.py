@@ -5,6 +5,7 @@ import pathlib
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from sera_jax.common import batching
@@ -120,10 +121,69 @@ def test_run_batch_writes_each_run_as_train_run_writes_it(tmp_path):
     assert written == rows[r]
     saved = (tmp_path / f"batch{r}" / train.CONFIG_FILE).read_text()
     assert saved == (tmp_path / f"alone{r}" / train.CONFIG_FILE).read_text()
-  with pytest.raises(ValueError, match="holds a run's rows"):
-    harness_batched.run_batch(configs, workdirs)
+    assert list((tmp_path / f"batch{r}" / train.TENSORBOARD_DIR).glob("events.out.tfevents.*"))
+  # Run again, the finished batch resumes at its end; other runs in its workdirs are refused.
+  assert harness_batched.run_batch(configs, workdirs) == rows
+  with pytest.raises(ValueError, match="not of this batch"):
+    harness_batched.run_batch(configs, workdirs[::-1])
   with pytest.raises(ValueError, match="its own workdir"):
     harness_batched.run_batch(configs, [workdirs[0]] * 2)
+
+
+class _Killed(Exception):
+  """What the test raises in place of a kill."""
+
+
+class _Observed:
+  """A batch whose train_step records the steps it is asked for, raising _Killed at kill_at."""
+
+  def __init__(self, batch, kill_at=None):
+    self._batch, self._kill_at, self.steps = batch, kill_at, []
+
+  def __getattr__(self, name):
+    return getattr(self._batch, name)
+
+  def train_step(self, states, step):
+    self.steps.append(step)
+    if step == self._kill_at:
+      raise _Killed(step)
+    return self._batch.train_step(states, step)
+
+
+def _final_checkpoint(batch_dir, step):
+  manager = ocp.CheckpointManager(pathlib.Path(batch_dir) / train.CHECKPOINT_DIR)
+  try:
+    return manager.restore(step, args=ocp.args.StandardRestore())
+  finally:
+    manager.close()
+
+
+@pytest.mark.slow
+def test_a_killed_batch_resumes_exactly(tmp_path):
+  configs = [_config(num_steps=6, checkpoint_every=2, eval_every=3, **run) for run in RUNS[:2]]
+  whole_dirs = [str(tmp_path / f"whole{r}") for r in range(2)]
+  whole = harness_batched.run_batch(configs, whole_dirs, batch_dir=str(tmp_path / "whole"))
+
+  killed_dirs = [str(tmp_path / f"killed{r}") for r in range(2)]
+  killed = _Observed(batched.BatchedClassification(configs), kill_at=5)
+  with pytest.raises(_Killed):
+    harness_batched.run_batch(configs, killed_dirs, batch_dir=str(tmp_path / "killed"),
+                              batch=killed)
+  assert killed.steps == list(range(6))  # killed in step 5, after the checkpoint of step 4
+  for workdir in killed_dirs:  # step 4's row was written after that checkpoint
+    assert [row["step"] for row in train.read_metrics(workdir)] == list(range(5))
+
+  resumed = _Observed(batched.BatchedClassification(configs))
+  rows = harness_batched.run_batch(configs, killed_dirs, batch_dir=str(tmp_path / "killed"),
+                                   batch=resumed)
+  assert resumed.steps == [4, 5]  # from the checkpoint of step 4, step 4 redone
+  assert rows == whole
+  for workdir, whole_rows in zip(killed_dirs, whole, strict=True):
+    assert train.read_metrics(workdir) == whole_rows
+  after_kill, uninterrupted = (_final_checkpoint(tmp_path / name, 6)
+                               for name in ("killed", "whole"))
+  jax.tree.map(np.testing.assert_array_equal, after_kill, uninterrupted)
+  assert after_kill["live"].tolist() == [True, True]
 
 
 def _maze_config(method="sera", **overrides):

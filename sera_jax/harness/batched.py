@@ -1,76 +1,159 @@
-"""A grid of classification runs trained as one program, each run writing its own workdir.
+"""A grid of runs trained as one program, each run writing its own workdir as `train.run` does.
 
-`run_batch` trains R configs that differ in seed and optimizer scalars
-(`sera_jax.settings.classification.batched`) with one vmapped step, and writes each run's
-config.json and metric rows to its own workdir as `train.run` writes them (`MetricLog`;
-`train.read_metrics` reads them back): a step's row, and every config.eval_every steps
-the run's evaluation. It keeps no checkpoint, so a workdir that already holds rows is
-refused. A run whose row or new state is non-finite stops there, as `train.run` stops
-(that row and the later ones are not written); the other runs go on.
+`run_batch` trains R configs of one setting that differ in seed and optimizer scalars
+(`sera_jax.settings.classification.batched`, `sera_jax.settings.maze.batched`) with one
+vmapped step. Each run's workdir gets what `train.run` writes there: config.json, the
+metric rows and TensorBoard events (`train.MetricLog`; `train.read_metrics` reads them
+back), a step's row with the run's evaluation every config.eval_every steps, and the
+setting's figures. The batch's own directory holds runs.json (its workdirs) and Orbax
+checkpoints of the batched state with each run's liveness, saved as `train.run` saves
+(every config.checkpoint_every steps and at the end, the rows flushed first), so a batch
+killed at any point and run again resumes from its latest checkpoint and writes exactly
+the rows of an uninterrupted batch. A run whose row or new state is non-finite stops
+there, as `train.run` stops (that row and the later ones are not written); the other runs
+go on.
 """
 
+import hashlib
+import json
 import math
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import jax
 import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
 
-from sera_jax.common import files
+from sera_jax.common import batching, files
 from sera_jax.harness import train
-from sera_jax.settings.classification.batched import BatchedClassification, run_state
+
+RUNS_FILE = "runs.json"
 
 
-def _check_workdirs(configs, workdirs) -> None:
+class Batch(Protocol):
+  """R runs of a setting as one program (`BatchedClassification`, `BatchedMaze`)."""
+  configs: list[ml_collections.ConfigDict]
+  def init_state(self) -> Any: ...
+  def train_step(self, states: Any, step: int) -> tuple[Any, dict[str, jax.Array]]: ...
+  def evaluate(self, states: Any) -> list[dict[str, float]]: ...
+  def write_figures(self, workdir: str, rows: list[dict]) -> None: ...
+
+
+def build_batch(configs: Sequence[ml_collections.ConfigDict], mesh=None) -> Batch:
+  """The batch of the setting config.task names (`batching.runs_mesh` for `mesh`)."""
+  task = configs[0].task if configs else None
+  if task == "classification":
+    from sera_jax.settings.classification.batched import BatchedClassification
+    return BatchedClassification(configs, mesh)
+  if task == "maze":
+    from sera_jax.settings.maze.batched import BatchedMaze
+    return BatchedMaze(configs, mesh)
+  raise ValueError(f"a batch of runs needs config.task 'classification' or 'maze'; "
+                   f"got {task!r}.")
+
+
+def default_batch_dir(workdirs: Sequence[str]) -> str:
+  """Where a batch of `workdirs` keeps its state: beside the first, named by all of them."""
+  digest = hashlib.sha1("\n".join(workdirs).encode()).hexdigest()[:12]
+  return str(files.path(workdirs[0]).parent / f"batch-{digest}")
+
+
+def _check_workdirs(configs, workdirs, batch_dir) -> bool:
+  """Refuses bad workdirs; True when `batch_dir` holds this batch (to resume)."""
   if len(workdirs) != len(configs):
     raise ValueError(f"{len(configs)} configs need as many workdirs; got {len(workdirs)}.")
   if len(set(workdirs)) != len(workdirs):
     raise ValueError("every run of a batch needs its own workdir; some are the same.")
-  for config, workdir in zip(configs, workdirs, strict=True):
+  for config in configs:
     train.validate_run_config(config)
+  runs_file = files.path(batch_dir) / RUNS_FILE
+  if runs_file.exists():
+    if json.loads(runs_file.read_text()) != list(workdirs):
+      raise ValueError(f"{batch_dir} holds a batch of other workdirs; choose another batch "
+                       f"directory or delete it.")
+    return True
+  for workdir in workdirs:
     if train.read_metrics(workdir):
-      raise ValueError(f"{workdir} holds a run's rows and a batch of runs does not resume; "
+      raise ValueError(f"{workdir} holds the rows of a run that is not of this batch; "
                        f"choose another workdir or delete it.")
+  return False
 
 
-def run_batch(configs: Sequence[ml_collections.ConfigDict],
-              workdirs: Sequence[str]) -> list[list[dict]]:
-  """Trains `configs` as one program, run r writing `workdirs[r]`; returns each run's rows."""
-  _check_workdirs(configs, workdirs)
-  batch = BatchedClassification(configs)
+def _finite(row: dict, state: Any) -> bool:
+  return all(map(math.isfinite, row.values())) and not train.non_finite_leaves(state)
+
+
+def run_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str], *,
+              batch_dir: str | None = None, mesh=None, batch: Batch | None = None
+              ) -> list[list[dict]]:
+  """Trains `configs` as one program, run r writing `workdirs[r]`; returns each run's rows.
+
+  Args:
+    configs: the runs (`build_batch` refuses keys they may not differ in).
+    workdirs: one a run, local or URLs.
+    batch_dir: the batch's checkpoints and runs.json (default `default_batch_dir`); one
+      holding this batch's checkpoints is resumed from the latest.
+    mesh: a `batching.runs_mesh` to split the runs over (default one device).
+    batch: a prebuilt batch (default `build_batch(configs, mesh)`).
+  """
+  workdirs = list(workdirs)
+  batch_dir = batch_dir or default_batch_dir(workdirs)
+  resuming = _check_workdirs(configs, workdirs, batch_dir)
+  batch = batch or build_batch(configs, mesh)
   config = batch.configs[0]  # the keys the runs share
-  logs = []
+  saved = {"states": batch.init_state(), "live": np.ones(len(configs), bool)}
+  manager = ocp.CheckpointManager(
+      files.path(batch_dir) / train.CHECKPOINT_DIR,
+      options=ocp.CheckpointManagerOptions(max_to_keep=config.get("checkpoints_to_keep", 2),
+                                           create=True))
+  try:
+    saved, start = train.restore_latest(manager, saved, batch_dir) if resuming else (saved, 0)
+  except train.CheckpointError:
+    manager.close()
+    raise
+  states, live = saved["states"], [r for r, alive in enumerate(saved["live"]) if alive]
+  files.write_text(files.path(batch_dir) / RUNS_FILE, json.dumps(workdirs))
+  logs, rows = [], []
   for run, workdir in zip(batch.configs, workdirs, strict=True):
     directory = files.path(workdir)
     directory.mkdir(parents=True, exist_ok=True)
+    # Rows after the checkpoint resumed from are dropped: those steps are redone.
+    rows.append([row for row in train.read_metrics(directory) if row["step"] < start])
     files.write_text(directory / train.CONFIG_FILE, run.to_json_best_effort(indent=2))
     logs.append(train.MetricLog(directory))
-  rows = [[] for _ in configs]
-  live = list(range(len(configs)))
-  states = batch.init_state()
   try:
-    for step in range(config.num_steps):
+    for step in range(start, config.num_steps):
       states, metrics = batch.train_step(states, step)
       metrics = jax.device_get(metrics)
+      new = {}
       for r in list(live):
         row = {"step": step} | {name: float(value[r]) for name, value in metrics.items()}
-        if not all(map(math.isfinite, row.values())) or train.non_finite_leaves(
-            run_state(states, r)):
-          live.remove(r)
+        if _finite(row, batching.run_state(states, r)):
+          new[r] = row
         else:
-          rows[r].append(row)
+          live.remove(r)
       done = step + 1
       if config.eval_every and (done % config.eval_every == 0 or done == config.num_steps):
         for r, evaluation in enumerate(batch.evaluate(states)):
-          if r in live:
-            rows[r][-1] |= evaluation
-      for r in live:
-        logs[r].write(rows[r][-1])
+          if r in new:
+            new[r] |= evaluation
+      for r, row in new.items():
+        logs[r].write(row)
+        rows[r].append(row)
+      if done % config.checkpoint_every == 0 or done == config.num_steps:
+        for log in logs:
+          log.flush()
+        alive = np.zeros(len(configs), bool)
+        alive[live] = True
+        manager.save(done, args=ocp.args.StandardSave({"states": states, "live": alive}))
       if not live:
         break
   finally:
+    manager.wait_until_finished()
+    manager.close()
     for log in logs:
       log.close()
   for workdir, run_rows in zip(workdirs, rows, strict=True):
-    batch.task.write_figures(workdir, run_rows)
+    batch.write_figures(workdir, run_rows)
   return rows
-

@@ -225,7 +225,7 @@ def _quiet_abandoned_reads() -> None:
   logging.getLogger("asyncio").addFilter(lambda record: not _from_orbax(record.exc_info))
 
 
-def _restore_latest(manager: ocp.CheckpointManager, state: Any, workdir: str) -> tuple[Any, int]:
+def restore_latest(manager: ocp.CheckpointManager, state: Any, workdir: str) -> tuple[Any, int]:
   """(the state of the latest checkpoint in `manager`, its step), or (`state`, 0) if none.
 
   Raises:
@@ -387,7 +387,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
                                            create=True))
   # The checkpoint is read back before anything in the workdir is written.
   try:
-    state, start = _restore_latest(manager, state, workdir)
+    state, start = restore_latest(manager, state, workdir)
     if resume and not start:
       raise FileNotFoundError(
           f"--resume: no checkpoint in {workdir}/{CHECKPOINT_DIR} to resume from.")
