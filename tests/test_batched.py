@@ -1,7 +1,10 @@
 """A batch of classification runs trained as one program is its runs, each trained alone."""
 
 import importlib.util
+import os
 import pathlib
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -10,7 +13,7 @@ import pytest
 
 from sera_jax.common import batching
 from sera_jax.harness import batched as harness_batched
-from sera_jax.harness import configs, train
+from sera_jax.harness import configs, sweep, train
 from sera_jax.harness.configs import default
 from sera_jax.settings.classification import batched, task
 from sera_jax.settings.maze import batched as maze_batched
@@ -279,3 +282,95 @@ def test_the_sweep_benchmark_times_both_ways():
   seconds = benchmark.measure("mlp", runs=2, steps=2)
   assert set(seconds) == {"sequential_first", "sequential_rest", "batched_first", "batched_rest"}
   assert all(value > 0 for value in seconds.values())
+
+
+def test_sweep_batches_the_runs_that_differ_in_varied_keys_alone(tmp_path, monkeypatch):
+  batches, trained = [], []
+
+  def run_batch(configs_, workdirs):
+    batches.append(([c.seed for c in configs_], [c.learning_rate for c in configs_], workdirs))
+
+  monkeypatch.setattr(harness_batched, "run_batch", run_batch)
+  root = str(tmp_path)
+  grid = ["--grid", "batch_size=16,32", "--grid", "seed=0,1", "--grid", "learning_rate=0.01,0.05",
+          "--grid", "num_steps=2", "--workdir-root", root]
+  runs = sweep.main(grid, trained.append)
+  assert trained == []
+  # One batch a batch_size (it changes shapes), its seeds and rates in the grid's order.
+  assert [(seeds, rates) for seeds, rates, _ in batches] == [([0, 0, 1, 1],
+                                                             [0.01, 0.05, 0.01, 0.05])] * 2
+  assert [workdirs for _, _, workdirs in batches] == [[run.workdir for run in runs[:4]],
+                                                      [run.workdir for run in runs[4:]]]
+  # A run alone in its group, and every run with --one-by-one, trains as `sera-jax train`.
+  sweep.main(["--grid", "batch_size=16,32", "--grid", "num_steps=2", "--workdir-root", root],
+             trained.append)
+  sweep.main([*grid, "--one-by-one"], trained.append)
+  assert len(batches) == 2 and len(trained) == 2 + len(runs)
+  assert trained[2:] == [run.train_args("default") for run in runs]
+
+
+# Each setting's batch on a ("runs", "data") mesh of 8 fake CPU devices: its runs, and the
+# size of the mesh's runs axis.
+MESH_CASES = {"classification": (4, 4), "maze": (2, 2)}
+
+
+def _mesh_batch(setting, mesh):
+  if setting == "classification":
+    configs_ = [_config(seed=seed, learning_rate=0.01 * (1 + seed)) for seed in range(4)]
+    return batched.BatchedClassification(configs_, mesh), STEPS
+  configs_ = [_maze_config(**run) for run in MAZE_RUNS]
+  return maze_batched.BatchedMaze(configs_, mesh), MAZE_STEPS
+
+
+def _train_on(setting, mesh):
+  """(metrics of every step, final states, the states' leading shard size) of the batch."""
+  runs, steps = _mesh_batch(setting, mesh)
+  states = runs.init_state()
+  rows = []
+  for step in range(steps):
+    states, metrics = runs.train_step(states, step)
+    rows.append(jax.device_get(metrics))
+  leaf = jax.tree.leaves(states.params)[0]
+  return rows, jax.device_get(states), leaf.addressable_shards[0].data.shape[0]
+
+
+def _mesh_main(setting, out):
+  """In a process of 8 fake devices: the batch unsharded and on the mesh, into `out` (npz)."""
+  assert jax.device_count() == 8
+  _, runs_devices = MESH_CASES[setting]
+  # The reference: the runs on one device (a mesh of one, as a single-device machine runs).
+  plain_rows, plain, _ = _train_on(setting, batching.runs_mesh(1, jax.devices()[:1]))
+  mesh_rows, sharded, shard_runs = _train_on(setting, batching.runs_mesh(runs_devices))
+  arrays = {"shard_runs": np.asarray(shard_runs)}
+  for name, rows in (("plain", plain_rows), ("mesh", mesh_rows)):
+    arrays |= {f"{name}/{step}/{key}": value for step, row in enumerate(rows)
+               for key, value in row.items()}
+  for name, states in (("plain", plain), ("mesh", sharded)):
+    arrays |= {f"{name}/params/{i}": leaf for i, leaf in enumerate(jax.tree.leaves(states.params))}
+  np.savez(out, **arrays)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["classification", "maze"])
+def test_a_batch_split_over_a_runs_mesh_trains_as_on_one_device(setting, tmp_path):
+  out = tmp_path / "result.npz"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                      " --xla_force_host_platform_device_count=8").strip()
+  subprocess.run([sys.executable, __file__, setting, str(out)], env=env, check=True,
+                 timeout=900)
+  result = dict(np.load(out))
+  num_runs, runs_devices = MESH_CASES[setting]
+  assert result.pop("shard_runs") == num_runs // runs_devices  # the runs were split
+  plain = {key.removeprefix("plain/"): value for key, value in result.items()
+           if key.startswith("plain/")}
+  assert plain and len(plain) * 2 == len(result)
+  for key, value in plain.items():
+    if key.split("/", 1)[1] in COUNTED + MAZE_COUNTED:
+      np.testing.assert_array_equal(result[f"mesh/{key}"], value, err_msg=key)
+    else:
+      np.testing.assert_allclose(result[f"mesh/{key}"], value, rtol=RTOL, atol=1e-5, err_msg=key)
+
+
+if __name__ == "__main__":
+  _mesh_main(*sys.argv[1:])

@@ -53,6 +53,31 @@ def build_batch(configs: Sequence[ml_collections.ConfigDict], mesh=None) -> Batc
                    f"got {task!r}.")
 
 
+def varied_keys(task: str) -> tuple[str, ...]:
+  """The config keys the runs of a batch of `task` may differ in; () for a task with no batch."""
+  if task == "classification":
+    from sera_jax.settings.classification.batched import VARIED
+    return VARIED
+  if task == "maze":
+    from sera_jax.settings.maze.batched import VARIED
+    return VARIED
+  return ()
+
+
+def batch_groups(configs: Sequence[ml_collections.ConfigDict]) -> list[list[int]]:
+  """The indices of `configs` grouped into batches: configs of a task that batches, equal in
+  every key but `varied_keys(task)`, share one; every other config is a group of its own.
+  Groups come in the order of their first config."""
+  groups: dict[str, list[int]] = {}
+  for index, config in enumerate(configs):
+    varied = varied_keys(config.task)
+    shared = {key: value for key, value in batching.flat_config(config).items()
+              if key not in varied}
+    key = json.dumps(sorted(shared.items()), default=repr) if varied else f"alone {index}"
+    groups.setdefault(key, []).append(index)
+  return list(groups.values())
+
+
 def default_batch_dir(workdirs: Sequence[str]) -> str:
   """Where a batch of `workdirs` keeps its state: beside the first, named by all of them."""
   digest = hashlib.sha1("\n".join(workdirs).encode()).hexdigest()[:12]

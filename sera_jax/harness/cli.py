@@ -4,7 +4,7 @@
                  [--multihost [--coordinator HOST:PORT --num_processes N --process_id I]]
   sera-jax plot RUN_DIR [RUN_DIR ...] [--out FILE.png] [--window N]
   sera-jax sweep [--config NAME|FILE] --grid KEY=V1,V2,... [--grid ...] [--workdir-root DIR]
-                 [--print-commands]
+                 [--print-commands] [--one-by-one]
   sera-jax figure budget|scale|ablations|outcome|maze|math|scaling [--out DIR] ...
   sera-jax evaluate [--config NAME|FILE] [--config.KEY=VALUE ...] --data [NAME:]FORMAT=PATH
                     [--data ...] [--samples N] [--out DIR] [--step STEP] ...

@@ -7,10 +7,15 @@ Each `--grid KEY=V1,V2,...` is one axis; the runs are the Cartesian product of
 the axes, in the order given (the last axis varies fastest). Run i is exactly
 the command `sera-jax train --config NAME|FILE --config.KEY=V ... --workdir
 ROOT/KEY=V,KEY=V` (`--print-commands` prints these lines for a cluster
-scheduler; otherwise they run here one after another, in this process). A run
-whose workdir already holds its final checkpoint and all num_steps metric rows
-is skipped, so an interrupted sweep is finished by running it again (partial
-runs resume from their checkpoint). Values cannot contain commas.
+scheduler). Otherwise they run here, in this process: the runs that differ only
+in keys a batch may vary (the seed and the optimizer's scalars of the
+classification and maze settings) train together as one program
+(`sera_jax.harness.batched.run_batch`, each run writing its own workdir as
+`train` does), every other run by itself, one after another (all of them with
+--one-by-one). A run whose workdir already holds its final checkpoint and all
+num_steps metric rows is skipped, so an interrupted sweep is finished by
+running it again (partial runs and batches resume from their checkpoint).
+Values cannot contain commas.
 """
 
 import argparse
@@ -24,7 +29,7 @@ from collections.abc import Callable, Sequence
 from absl import flags
 
 from sera_jax.common import files
-from sera_jax.harness import configs, train
+from sera_jax.harness import batched, configs, train
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +101,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                       help="Parent of the run workdirs (default runs/sweep-<config name>).")
   parser.add_argument("--print-commands", action="store_true",
                       help="Print one `sera-jax train` command line per run; run nothing.")
+  parser.add_argument("--one-by-one", action="store_true",
+                      help="Train every run by itself, none batched with others.")
   return parser.parse_args(argv)
 
 
@@ -122,6 +129,7 @@ def main(argv: list[str], train_command: Callable[[list[str]], None]) -> list[Ru
     for run in runs:
       print(shlex.join(["sera-jax", "train", *run.train_args(args.config)]))
     return runs
+  pending = []
   for index, (run, config) in enumerate(zip(runs, run_configs, strict=True), start=1):
     try:
       train.check_same_run(config, run.workdir)
@@ -129,7 +137,19 @@ def main(argv: list[str], train_command: Callable[[list[str]], None]) -> list[Ru
       raise SystemExit(f"error: {error}") from None
     if is_finished(run.workdir, config.num_steps):
       print(f"[{index}/{len(runs)}] skip {run.workdir}: finished ({config.num_steps} steps)")
+    else:
+      pending.append((index, run, config))
+  groups = ([[i] for i in range(len(pending))] if args.one_by_one
+            else batched.batch_groups([config for _, _, config in pending]))
+  for group in groups:
+    members = [pending[i] for i in group]
+    if len(members) == 1:
+      (index, run, _), = members
+      print(f"[{index}/{len(runs)}] train {run.workdir}", flush=True)
+      train_command(run.train_args(args.config))
       continue
-    print(f"[{index}/{len(runs)}] train {run.workdir}", flush=True)
-    train_command(run.train_args(args.config))
+    indices = ",".join(str(index) for index, _, _ in members)
+    print(f"[{indices}/{len(runs)}] train as one batch: "
+          f"{' '.join(run.workdir for _, run, _ in members)}", flush=True)
+    batched.run_batch([config for _, _, config in members], [run.workdir for _, run, _ in members])
   return runs
