@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The benchmark table of benchmarks/run.py on one NVIDIA GPU, in under 5 minutes.
+# The benchmark tables of benchmarks/run.py (in under 5 minutes) and benchmarks/sweep.py (in
+# under 10) on one NVIDIA GPU.
 #
 #   bash benchmarks/gpu.sh [extra benchmarks/run.py flags]
 #
@@ -24,3 +25,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 # Step ratios at batch 32 (a small batch for a GPU), allocator at the three sizes, and the
 # ImageNet config's per-device memory at 256 prompts (compiled for the GPU, not run).
 timeout 290 python3 benchmarks/run.py --batch 32 --rounds 5 --repeats 10 "$@"
+
+# R = 10 seeds as one vmapped program against the same runs one after another, in one process:
+# the digits MLP, the small CNN and the maze policy (sera_jax.harness.batched).
+timeout 590 python3 benchmarks/sweep.py --runs 10 --steps 100 --maze-steps 20

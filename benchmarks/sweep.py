@@ -1,14 +1,17 @@
-"""R classification runs as one vmapped program against the same R runs one after another.
+"""R runs as one vmapped program against the same R runs one after another.
 
-For each model, R runs of the default config that differ in their seed are trained for
---steps steps twice in this one process: one after another (`ClassificationTask`, each
-run its own jitted step), and as one batch (`BatchedClassification`, one jitted step
-vmapped over the runs). The first step of each program is timed apart as its compile
-(the sequential runs compile R times: each run's schedule is its own constant). The
-table gives the seconds a run of the steps after the first, and the ratio
-sequential / batched of the whole R runs, with and without compiling.
+For each model, R runs that differ in their seed are trained twice in this one process:
+one after another (`ClassificationTask`, `MazeTask`: each run its own jitted step), and
+as one batch (`BatchedClassification`, `BatchedMaze`: one jitted step vmapped over the
+runs). The digits MLP and the small CNN are the default classification config's models
+(--steps steps); "maze" is the maze config's policy in its RL steps (warmup_steps = 0, so
+one program; --maze-steps steps). The first step of each program is timed apart as its compile (the
+sequential runs compile R times: each run's rates are its own constants). The table gives
+the seconds a run of the steps after the first, and the ratio sequential / batched of the
+whole R runs, with and without compiling.
 
-  python benchmarks/sweep.py [--models mlp small_cnn] [--runs 10] [--steps 200]
+  python benchmarks/sweep.py [--models mlp small_cnn maze] [--runs 10] [--steps 200]
+                             [--maze-steps 20]
 """
 
 import argparse
@@ -16,14 +19,24 @@ import time
 
 import jax
 
-from sera_jax.harness.configs import default
+from sera_jax.harness import configs
 from sera_jax.settings.classification.batched import BatchedClassification
 from sera_jax.settings.classification.task import ClassificationTask
+from sera_jax.settings.maze.batched import BatchedMaze
+from sera_jax.settings.maze.task import MazeTask
+
+# (the task of a run alone, the batch of R runs) of each setting.
+SETTINGS = {"classification": (ClassificationTask, BatchedClassification),
+            "maze": (MazeTask, BatchedMaze)}
 
 
 def _config(model: str, seed: int, steps: int):
-  config = default.get_config()
-  config.update(model=model, seed=seed, num_steps=steps)
+  if model == "maze":
+    config = configs.load("maze")
+    config.update(seed=seed, num_steps=steps, warmup_steps=0)
+  else:
+    config = configs.load("default")
+    config.update(model=model, seed=seed, num_steps=steps)
   return config
 
 
@@ -42,15 +55,16 @@ def _timed(train_step, state, steps: int) -> tuple[float, float]:
 
 def measure(model: str, runs: int, steps: int) -> dict[str, float]:
   """Seconds: first steps and later steps of the R runs, one after another and batched."""
-  configs = [_config(model, seed, steps) for seed in range(runs)]
+  configs_ = [_config(model, seed, steps) for seed in range(runs)]
   sequential_first = sequential_rest = 0.0
-  for config in configs:
-    task = ClassificationTask(config)
+  single, batch_of = SETTINGS[configs_[0].task]
+  for config in configs_:
+    task = single(config)
     first, rest = _timed(task.train_step, task.init_state(jax.random.PRNGKey(config.seed)),
                          steps)
     sequential_first += first
     sequential_rest += rest
-  batch = BatchedClassification(configs)
+  batch = batch_of(configs_)
   batched_first, batched_rest = _timed(batch.train_step, batch.init_state(), steps)
   return {"sequential_first": sequential_first, "sequential_rest": sequential_rest,
           "batched_first": batched_first, "batched_rest": batched_rest}
@@ -58,15 +72,18 @@ def measure(model: str, runs: int, steps: int) -> dict[str, float]:
 
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--models", nargs="+", default=["mlp", "small_cnn"])
+  parser.add_argument("--models", nargs="+", default=["mlp", "small_cnn", "maze"])
   parser.add_argument("--runs", type=int, default=10)
   parser.add_argument("--steps", type=int, default=200)
+  parser.add_argument("--maze-steps", type=int, default=20)
   args = parser.parse_args(argv)
-  print(f"{jax.devices()[0].platform}, R = {args.runs} runs, {args.steps} steps a run")
+  print(f"{jax.devices()[0].platform}, R = {args.runs} runs, {args.steps} steps a run "
+        f"({args.maze_steps} for the maze)")
   print(f"{'model':<10} {'s/run seq':>10} {'s/run batch':>12} {'ratio':>7} "
         f"{'compile seq':>12} {'compile batch':>14} {'ratio w/ compile':>17}")
   for model in args.models:
-    t = measure(model, args.runs, args.steps)
+    steps = args.maze_steps if model == "maze" else args.steps
+    t = measure(model, args.runs, steps)
     total_seq = t["sequential_first"] + t["sequential_rest"]
     total_batch = t["batched_first"] + t["batched_rest"]
     print(f"{model:<10} {t['sequential_rest'] / args.runs:>10.3f} "
