@@ -35,7 +35,9 @@ def get_config():
   config.temperature = 1.0
   # The base model's EOS <|endoftext|>; a turn of the chat template ends at <|im_end|>.
   config.stop_tokens = ("<|im_end|>", "<|endoftext|>")
-  # 8 devices of 80 GB by benchmarks/llm_memory.py (docs/scaling_llm.md).
+  # The largest that fit 8 devices of 80 GB with a fifth to spare, by benchmarks/llm_memory.py
+  # (docs/scaling_llm.md): 256 rollouts need 55 GiB a device (512: 106), a micro-step of one
+  # prompt 35 GiB (2: 67).
   config.generation_batch_size = 256
   config.train_micro_batch_size = 1
   config.mesh_shape = (-1, 1)

@@ -37,8 +37,11 @@ def get_config():
   config.kv_cache_size = 5120
   config.temperature = 1.0
   config.stop_tokens = ("<|im_end|>", "<|endoftext|>")
-  # 32 devices of 80 GB by benchmarks/llm_memory.py (docs/scaling_llm.md).
-  config.generation_batch_size = 128
-  config.train_micro_batch_size = 1
+  # The largest that fit 32 devices of 80 GB with a fifth to spare, by benchmarks/llm_memory.py
+  # (docs/scaling_llm.md): 64 rollouts need 52 GiB a device (the KV cache is whole on every
+  # device), a micro-step of 2 prompts 48 GiB (4: 94); one prompt's 16 rollouts cannot be
+  # split over 32 devices.
+  config.generation_batch_size = 64
+  config.train_micro_batch_size = 2
   config.mesh_shape = (-1, 1)
   return config
