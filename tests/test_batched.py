@@ -153,6 +153,37 @@ class _Observed:
     return self._batch.train_step(states, step)
 
 
+class _Poisoned(_Observed):
+  """A batch whose run `run`'s parameters become NaN in step `step`."""
+
+  def __init__(self, batch, run, step):
+    super().__init__(batch)
+    self._run, self._step = run, step
+
+  def train_step(self, states, step):
+    states, metrics = super().train_step(states, step)
+    if step == self._step:
+      states = states._replace(params=jax.tree.map(
+          lambda x: x.at[self._run].set(np.nan), states.params))
+    return states, metrics
+
+
+@pytest.mark.slow
+def test_a_non_finite_run_stops_alone_and_is_reported(tmp_path, caplog):
+  configs = [_config(num_steps=4, eval_every=0, checkpoint_every=4, **run) for run in RUNS[:2]]
+  workdirs = [str(tmp_path / f"run{r}") for r in range(2)]
+  poisoned = _Poisoned(batched.BatchedClassification(configs), run=1, step=2)
+  rows = harness_batched.run_batch(configs, workdirs, batch=poisoned)
+  assert [row["step"] for row in rows[0]] == [0, 1, 2, 3]
+  assert [row["step"] for row in rows[1]] == [0, 1]  # its state went non-finite in step 2
+  assert [row["step"] for row in train.read_metrics(workdirs[1])] == [0, 1]
+  _assert_same_rows(_alone(configs[0])[1],
+                    [{key: value for key, value in row.items() if key != "step"}
+                     for row in rows[0][:STEPS]], "run 0")
+  assert f"{workdirs[1]}: non-finite state" in caplog.text and "at step 2" in caplog.text
+  assert workdirs[0] not in caplog.text
+
+
 def _final_checkpoint(batch_dir, step):
   manager = ocp.CheckpointManager(pathlib.Path(batch_dir) / train.CHECKPOINT_DIR)
   try:

@@ -16,6 +16,7 @@ go on.
 
 import hashlib
 import json
+import logging
 import math
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -105,8 +106,10 @@ def _check_workdirs(configs, workdirs, batch_dir) -> bool:
   return False
 
 
-def _finite(row: dict, state: Any) -> bool:
-  return all(map(math.isfinite, row.values())) and not train.non_finite_leaves(state)
+def _non_finite(row: dict, state: Any) -> list[str]:
+  """The metrics of `row` and the floating leaves of `state` that hold NaN or inf."""
+  return (sorted(name for name, value in row.items() if not math.isfinite(value))
+          + train.non_finite_leaves(state))
 
 
 def run_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str], *,
@@ -154,10 +157,14 @@ def run_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
       new = {}
       for r in list(live):
         row = {"step": step} | {name: float(value[r]) for name, value in metrics.items()}
-        if _finite(row, batching.run_state(states, r)):
-          new[r] = row
-        else:
+        bad = _non_finite(row, batching.run_state(states, r))
+        if bad:
           live.remove(r)
+          logging.warning("%s: non-finite %s at step %d; this run stops here (its rows end at "
+                          "step %d), the batch's other runs go on.", workdirs[r],
+                          ", ".join(bad[:5]), step, step - 1)
+        else:
+          new[r] = row
       done = step + 1
       if config.eval_every and (done % config.eval_every == 0 or done == config.num_steps):
         for r, evaluation in enumerate(batch.evaluate(states)):
