@@ -1,7 +1,34 @@
-"""Shared test fixtures."""
+"""Shared test fixtures, and one XLA compilation cache for the whole test session."""
+
+import os
+import shutil
+import tempfile
 
 import jax
 import pytest
+
+# Most of a test's time here is XLA compiling programs that then run on tiny inputs. Without
+# LLVM's optimisations a program compiles in about half the time; the processes tests launch
+# inherit the flag.
+if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_backend_optimization_level=0").strip()
+
+# Many tests build a fresh learner, task or step whose program an earlier test already compiled
+# (a new closure is a new jit cache entry), in separate test processes and subprocesses. One
+# persistent cache for the session, shared by the xdist workers and the processes tests launch
+# (they inherit the environment), compiles each such program once. The controller makes it
+# before the workers start and deletes it at the end.
+_CACHE = "JAX_COMPILATION_CACHE_DIR"
+_OWN_CACHE = _CACHE not in os.environ
+if _OWN_CACHE:
+  os.environ[_CACHE] = tempfile.mkdtemp(prefix="sera_jax_tests_xla_cache_")
+jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE])
+
+
+def pytest_unconfigure(config):
+  if _OWN_CACHE and not hasattr(config, "workerinput"):
+    shutil.rmtree(os.environ[_CACHE], ignore_errors=True)
 
 
 @pytest.fixture

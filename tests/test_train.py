@@ -167,10 +167,11 @@ def test_imagenet_config_missing_data_dir(tmp_path):
 @pytest.mark.slow
 def test_imagenet_config_one_step_under_mock_data(tmp_path):
   config = configs.load("imagenet_resnet50")
-  # The protocol's shapes on a CPU: 224x224 crops through the real tfds pipeline and
-  # ResNet-50, with a small batch and budget.
+  # The protocol's 224x224 crops through the real tfds pipeline on a CPU, with a small batch
+  # and budget, and the small CNN in place of ResNet-50 (whose compile takes minutes here;
+  # tests/test_models.py checks ResNet-50 itself).
   config.update(batch_size=4, baseline_n=2, n_max=8, num_steps=1, eval_every=0,
-                checkpoint_every=1)
+                checkpoint_every=1, model="small_cnn")
   config.dataset_kwargs.data_dir = str(tmp_path / "data")
   with tfds.testing.mock_data(num_examples=16):
     rows = train.run(config, str(tmp_path / "run"))
