@@ -39,13 +39,19 @@ RUNS = (dict(seed=0, learning_rate=0.01), dict(seed=1, learning_rate=0.05, momen
         dict(seed=2, learning_rate=0.1, weight_decay=1e-3))
 
 
+def _train(trainer, state, steps):
+  """(final state, each step's metrics on the host) of `steps` train steps of `trainer` (a
+  task or a batch of runs) from `state`."""
+  rows = []
+  for step in range(steps):
+    state, metrics = trainer.train_step(state, step)
+    rows.append(jax.device_get(metrics))
+  return state, rows
+
+
 def _alone(config):
   single = task.ClassificationTask(config)
-  state = single.init_state(jax.random.PRNGKey(config.seed))
-  rows = []
-  for step in range(STEPS):
-    state, metrics = single.train_step(state, step)
-    rows.append(jax.device_get(metrics))
+  state, rows = _train(single, single.init_state(jax.random.PRNGKey(config.seed)), STEPS)
   return state, rows, single.evaluate(state)
 
 
@@ -69,11 +75,7 @@ def _assert_same_rows(alone_rows, together_rows, run):
 def test_each_run_of_a_batch_is_the_run_alone(method, estimator):
   configs = [_config(method, estimator, **run) for run in RUNS]
   runs = batched.BatchedClassification(configs)
-  states = runs.init_state()
-  rows = []
-  for step in range(STEPS):
-    states, metrics = runs.train_step(states, step)
-    rows.append(jax.device_get(metrics))
+  states, rows = _train(runs, runs.init_state(), STEPS)
   evaluations = runs.evaluate(states)
 
   for r, config in enumerate(configs):
@@ -243,11 +245,8 @@ MAZE_COUNTED = ("rollouts/min", "rollouts/max", "active_fraction", "useful_group
 
 def _maze_alone(config):
   single = maze_task.MazeTask(config)
-  state = single.init_state(jax.random.PRNGKey(config.seed))
-  rows = []
-  for step in range(config.num_steps):
-    state, metrics = single.train_step(state, step)
-    rows.append(jax.device_get(metrics))
+  state, rows = _train(single, single.init_state(jax.random.PRNGKey(config.seed)),
+                       config.num_steps)
   return jax.device_get(state), rows
 
 
@@ -274,11 +273,7 @@ def _assert_same_maze_params(alone, together, dim):
 def test_each_maze_run_of_a_batch_is_the_run_alone(method):
   configs_ = [_maze_config(method, **run) for run in MAZE_RUNS]
   runs = maze_batched.BatchedMaze(configs_)
-  states = runs.init_state()
-  rows = []
-  for step in range(MAZE_STEPS):
-    states, metrics = runs.train_step(states, step)
-    rows.append(jax.device_get(metrics))
+  states, rows = _train(runs, runs.init_state(), MAZE_STEPS)
   states = jax.device_get(states)
   for r, config in enumerate(configs_):
     state, alone_rows = _maze_alone(config)
@@ -369,11 +364,7 @@ def _mesh_batch(setting, mesh):
 def _train_on(setting, mesh):
   """(metrics of every step, final states, the states' leading shard size) of the batch."""
   runs, steps = _mesh_batch(setting, mesh)
-  states = runs.init_state()
-  rows = []
-  for step in range(steps):
-    states, metrics = runs.train_step(states, step)
-    rows.append(jax.device_get(metrics))
+  states, rows = _train(runs, runs.init_state(), steps)
   leaf = jax.tree.leaves(states.params)[0]
   return rows, jax.device_get(states), leaf.addressable_shards[0].data.shape[0]
 
