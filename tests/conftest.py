@@ -1,8 +1,8 @@
-"""Shared test fixtures, and one XLA compilation cache for the whole test session."""
+"""Shared test fixtures, and one persistent XLA compilation cache for the test sessions."""
 
 import os
+import pathlib
 import shutil
-import tempfile
 
 import jax
 import pytest
@@ -16,19 +16,30 @@ if "--xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
 
 # Many tests build a fresh learner, task or step whose program an earlier test already compiled
 # (a new closure is a new jit cache entry), in separate test processes and subprocesses. One
-# persistent cache for the session, shared by the xdist workers and the processes tests launch
-# (they inherit the environment), compiles each such program once. The controller makes it
-# before the workers start and deletes it at the end.
+# persistent cache, shared by the xdist workers and the processes tests launch (they inherit
+# the environment), compiles each such program once; every program is kept, however fast its
+# compile (most compile in well under JAX's default threshold of a second). The cache lives in
+# .pytest_cache beside pytest's own, so a later session (the edit-test loop) compiles only what
+# changed: the key is the program and the JAX version, so an edited function is a new entry,
+# never a stale one. A clean clone starts it empty; the session that finds it over _CACHE_BYTES
+# deletes it at its end (JAX's own size cap tracks every access on disk, which costs more
+# than it saves here).
 _CACHE = "JAX_COMPILATION_CACHE_DIR"
+_CACHE_BYTES = 1 << 30
 _OWN_CACHE = _CACHE not in os.environ
-if _OWN_CACHE:
-  os.environ[_CACHE] = tempfile.mkdtemp(prefix="sera_jax_tests_xla_cache_")
+os.environ.setdefault(_CACHE, str(pathlib.Path(__file__).parents[1] / ".pytest_cache"
+                                  / "jax_compilation_cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
 
 
 def pytest_unconfigure(config):
-  if _OWN_CACHE and not hasattr(config, "workerinput"):
-    shutil.rmtree(os.environ[_CACHE], ignore_errors=True)
+  if _OWN_CACHE and not hasattr(config, "workerinput"):  # the controller, at the very end
+    cache = pathlib.Path(os.environ[_CACHE])
+    if sum(entry.stat().st_size for entry in cache.glob("*") if entry.is_file()) > _CACHE_BYTES:
+      shutil.rmtree(cache, ignore_errors=True)
 
 
 @pytest.fixture
