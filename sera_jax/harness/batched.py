@@ -11,7 +11,9 @@ checkpoints of the batched state with each run's liveness, saved as `train.run` 
 killed at any point and run again resumes from its latest checkpoint and writes exactly
 the rows of an uninterrupted batch. A run whose row or new state is non-finite stops
 there, as `train.run` stops (that row and the later ones are not written); the other runs
-go on.
+go on. When the batch ends, each run's workdir gets batch_run.json (`run_outcome`): the
+batch that trained it, its steps, and the step at which it stopped, if it did, so a sweep
+or a figure knows the run is done without the batch's checkpoints.
 """
 
 import hashlib
@@ -19,7 +21,7 @@ import json
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import ml_collections
@@ -30,6 +32,20 @@ from sera_jax.common import batching, files
 from sera_jax.harness import train
 
 RUNS_FILE = "runs.json"
+OUTCOME_FILE = "batch_run.json"  # in a run's workdir, written when its batch ends
+
+
+class RunOutcome(NamedTuple):
+  """How a run of a batch ended (batch_run.json in its workdir)."""
+  batch_dir: str
+  num_steps: int  # the steps the batch trained
+  stopped_at: int | None  # the step whose update went non-finite (no row from it on); None
+
+
+def run_outcome(workdir: str) -> RunOutcome | None:
+  """How the batch that trained `workdir` ended; None when no batch finished it."""
+  location = files.path(workdir) / OUTCOME_FILE
+  return RunOutcome(**json.loads(location.read_text())) if location.exists() else None
 
 
 class Batch(Protocol):
@@ -186,6 +202,9 @@ def run_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
     manager.close()
     for log in logs:
       log.close()
-  for workdir, run_rows in zip(workdirs, rows, strict=True):
+  for r, (workdir, run_rows) in enumerate(zip(workdirs, rows, strict=True)):
     batch.write_figures(workdir, run_rows)
+    stopped_at = None if r in live else (run_rows[-1]["step"] + 1 if run_rows else 0)
+    files.write_text(files.path(workdir) / OUTCOME_FILE, json.dumps(
+        RunOutcome(str(batch_dir), config.num_steps, stopped_at)._asdict()))
   return rows

@@ -12,9 +12,9 @@ in keys a batch may vary (the seed and the optimizer's scalars of the
 classification and maze settings) train together as one program
 (`sera_jax.harness.batched.run_batch`, each run writing its own workdir as
 `train` does), every other run by itself, one after another (all of them with
---one-by-one). A run whose workdir already holds its final checkpoint and all
-num_steps metric rows is skipped, so an interrupted sweep is finished by
-running it again (partial runs and batches resume from their checkpoint).
+--one-by-one). A run whose workdir already holds all num_steps metric rows and its final
+checkpoint (or the mark of the batch that trained it) is skipped, so an interrupted sweep
+is finished by running it again (partial runs and batches resume from their checkpoint).
 Values cannot contain commas.
 """
 
@@ -75,10 +75,13 @@ def expand(axes: Sequence[tuple[str, list[str]]], workdir_root: str) -> list[Run
 
 
 def is_finished(workdir: str, num_steps: int) -> bool:
-  """True when `workdir` holds the final checkpoint and one metric row per step."""
+  """True when `workdir` holds one metric row per step and either its own final checkpoint
+  or the mark of a batch that trained it to the end (`batched.run_outcome`)."""
   final_checkpoint = files.path(workdir) / train.CHECKPOINT_DIR / str(num_steps)
   steps = [row["step"] for row in train.read_metrics(workdir)]
-  return steps == list(range(num_steps)) and final_checkpoint.is_dir()
+  outcome = batched.run_outcome(workdir)
+  return steps == list(range(num_steps)) and (
+      final_checkpoint.is_dir() or (outcome is not None and outcome.num_steps == num_steps))
 
 
 def resolve_config(config_path: str, run: Run):
