@@ -71,18 +71,28 @@ class BatchedMaze:
                                    optimizer=factory(**dict.fromkeys(SCALARS, 1.0)))
     self._warmup_step = batching.map_runs(self.task.warmup_step_fn, (0, 0), mesh)
     self._rl_step = batching.map_runs(self.task.rl_step_fn, (0, 0, None, None), mesh)
+    self._eval_successes = jax.jit(
+        jax.vmap(self.task.eval_successes_fn, in_axes=(0, 0, None, None, None),
+                 spmd_axis_name=batching.RUNS_AXIS if mesh is not None else None))
 
   @property
   def num_runs(self) -> int:
     return len(self.configs)
 
   def init_state(self) -> maze_task.MazeState:
-    """Every run's initial state, each from PRNGKey(its seed) as a run alone, stacked."""
+    """Every run's initial state, each from PRNGKey(its seed) as a run alone, stacked.
+
+    Without a runs mesh it lies on the task's mesh, as the states the steps return do: a
+    state placed otherwise would compile the first step a second time.
+    """
     states = []
     for optimizer, config in zip(self._optimizers, self.configs, strict=True):
       state = self.task.init_state(jax.random.PRNGKey(config.seed))
       states.append(state._replace(opt_state=optimizer.init(state.params)))
-    return batching.split_runs(jax.device_get(batching.stack(states)), self.mesh)
+    stacked = jax.device_get(batching.stack(states))
+    if self.mesh is None:
+      return sharding.replicate(stacked, self.task.mesh)
+    return batching.split_runs(stacked, self.mesh)
 
   def train_step(self, states: maze_task.MazeState, step: int):
     """One step of every run: (states, metrics of [R] arrays)."""
@@ -94,10 +104,10 @@ class BatchedMaze:
     return self._rl_step(states, ids, step, new_epoch)
 
   def evaluate(self, states: maze_task.MazeState) -> list[dict[str, float]]:
-    """Each run's `MazeTask.evaluate`, run by run."""
-    states = jax.device_get(states)
-    mesh = self.task.mesh
-    return [self.task.evaluate(sharding.replicate(batching.run_state(states, r), mesh))
+    """Each run's `MazeTask.evaluate`, every run's samples drawn in one vmapped program."""
+    metrics = self.task.pass_at_k(
+        lambda *args: self._eval_successes(states.params, states.rng, *args))
+    return [{name: float(values[r]) for name, values in metrics.items()}
             for r in range(self.num_runs)]
 
   def write_figures(self, workdir: str, rows: list[dict]) -> None:

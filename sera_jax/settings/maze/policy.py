@@ -186,9 +186,11 @@ class MazePolicy:
   def _graphdef(self):
     return nnx.split(nnx.eval_shape(lambda: self._network(jax.random.key(0))))[0]
 
+  @functools.partial(jax.jit, static_argnums=0)
   def init(self, key: jax.Array) -> dict:
-    """Fresh parameters as a pure dict (built under jit: eager construction is slow)."""
-    return jax.jit(lambda k: nnx.to_pure_dict(nnx.state(self._network(k))))(key)
+    """Fresh parameters as a pure dict, built under jit (eager construction is slow) and
+    compiled once for equal policies (every run of a figure, every task of a batch)."""
+    return nnx.to_pure_dict(nnx.state(self._network(key)))
 
   def num_params(self, params: dict) -> int:
     return sum(x.size for x in jax.tree.leaves(params))

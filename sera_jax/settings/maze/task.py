@@ -257,6 +257,31 @@ def replay_pass_at_k(train_paths: jax.Array, mazes: jax.Array, ks=PASS_AT_K) -> 
   return np.mean(-np.expm1(np.asarray(ks)[None, :] * np.log1p(-np.minimum(p, 1.0))), axis=0)
 
 
+@functools.lru_cache(maxsize=8)
+def maze_sets(data_seed: int, maze_size: int, max_steps: int, num_train: int, num_eval: int,
+              num_validation: int, novel_eval_paths: bool
+              ) -> tuple[jax.Array, jax.Array, HeldOut, HeldOut]:
+  """(training mazes, their shortest paths, held-out, validation) of a data seed.
+
+  Every run of a data seed has the same sets: they are built once a process (the runs of a
+  figure, the tasks of its batches) and shared, read-only.
+  """
+  data_key = jax.random.PRNGKey(data_seed)
+  train_mazes = _generate(jax.random.fold_in(data_key, _TRAIN_SET), num_train, maze_size)
+  train_paths, lengths = jax.vmap(lambda m: maze_env.shortest_path(m, max_steps))(train_mazes)
+  if int(jnp.max(lengths)) > max_steps:
+    raise ValueError(f"config.max_steps ({max_steps}) is shorter than a shortest path "
+                     f"({int(jnp.max(lengths))} moves) of the training set.")
+  held_out = held_out_mazes(jax.random.fold_in(data_key, _EVAL_SET), num_eval, maze_size,
+                            max_steps, train_paths, novel=novel_eval_paths)
+  # Validation mazes (to choose hyperparameters on) have shortest paths that neither a
+  # training nor a held-out maze has.
+  validation = held_out_mazes(
+      jax.random.fold_in(data_key, _VALIDATION_SET), num_validation, maze_size, max_steps,
+      jnp.concatenate([train_paths, _generate_paths(held_out.mazes, max_steps)]), novel=True)
+  return train_mazes, train_paths, held_out, validation
+
+
 class MazeTask:
   """The `sera_jax.harness.train.Task` of maze navigation."""
 
@@ -271,23 +296,9 @@ class MazeTask:
     max_steps = config.max_steps or maze_env.max_path_length(config.maze_size) + 1
     self.policy = MazePolicy(config.maze_size, max_steps, config.dim, config.num_layers,
                              config.num_heads)
-    data_key = jax.random.PRNGKey(config.data_seed)
-    train_mazes = _generate(jax.random.fold_in(data_key, _TRAIN_SET), config.num_train_mazes,
-                            config.maze_size)
-    train_paths, lengths = jax.vmap(lambda m: maze_env.shortest_path(m, max_steps))(train_mazes)
-    if int(jnp.max(lengths)) > max_steps:
-      raise ValueError(f"config.max_steps ({max_steps}) is shorter than a shortest path "
-                       f"({int(jnp.max(lengths))} moves) of the training set.")
-    self.held_out = held_out_mazes(jax.random.fold_in(data_key, _EVAL_SET),
-                                   config.num_eval_mazes, config.maze_size, max_steps,
-                                   train_paths, novel=config.novel_eval_paths)
-    # Validation mazes (to choose hyperparameters on) have shortest paths that neither a
-    # training nor a held-out maze has.
-    self.validation = held_out_mazes(
-        jax.random.fold_in(data_key, _VALIDATION_SET), config.get("num_validation_mazes", 0),
-        config.maze_size, max_steps,
-        jnp.concatenate([train_paths, _generate_paths(self.held_out.mazes, max_steps)]),
-        novel=True)
+    train_mazes, train_paths, self.held_out, self.validation = maze_sets(
+        config.data_seed, config.maze_size, max_steps, config.num_train_mazes,
+        config.num_eval_mazes, config.get("num_validation_mazes", 0), config.novel_eval_paths)
     # Every process builds the same sets; the steps read them replicated on the mesh.
     self.train_mazes, self.train_paths, self.eval_mazes, self.validation_mazes = (
         sharding.replicate((train_mazes, train_paths, self.held_out.mazes,
@@ -295,7 +306,7 @@ class MazeTask:
     self.optimizer = make_optimizer(config) if optimizer is None else optimizer
     self._warmup_step = jax.jit(self.warmup_step_fn)
     self._rl_step = jax.jit(self.rl_step_fn)
-    self._eval_successes = jax.jit(self._eval_successes_fn,
+    self._eval_successes = jax.jit(self.eval_successes_fn,
                                    out_shardings=sharding.replicated(self.mesh))
 
   # ---- protocol -------------------------------------------------------------------------------
@@ -316,18 +327,25 @@ class MazeTask:
   def evaluate(self, state: MazeState) -> dict[str, float]:
     """pass@k on the held-out mazes from config.eval_samples samples a maze, and as
     "validation/pass@k" on the validation mazes when the config has some."""
-    metrics = self._pass_at_k(state, self.eval_mazes, _EVAL_KEY, "")
-    if self.config.get("num_validation_mazes", 0):
-      metrics |= self._pass_at_k(state, self.validation_mazes, _VALIDATION_KEY, "validation/")
-    return metrics
+    successes = functools.partial(self._eval_successes, state.params, state.rng)
+    return {name: float(values[0]) for name, values in
+            self.pass_at_k(lambda *args: successes(*args)[None]).items()}
 
-  def _pass_at_k(self, state: MazeState, mazes: jax.Array, key_tag: int, prefix: str
-                 ) -> dict[str, float]:
-    config = self.config
-    counts = [self._eval_successes(state.params, state.rng, mazes, start, key_tag)
-              for start in range(0, mazes.shape[0], config.eval_batch_size)]
-    values = pass_at_k(np.concatenate(jax.device_get(counts)), config.eval_samples, PASS_AT_K)
-    return {f"{prefix}pass@{k}": float(v) for k, v in zip(PASS_AT_K, values, strict=True)}
+  def pass_at_k(self, successes) -> dict[str, np.ndarray]:
+    """{"pass@k" and "validation/pass@k": [R]} of R policies whose successes on a slice of
+    mazes are `successes(mazes, start, key_tag)`: int [R, eval_batch_size], as
+    `eval_successes_fn` counts them for one."""
+    sets = [(self.eval_mazes, _EVAL_KEY, "")]
+    if self.config.get("num_validation_mazes", 0):
+      sets.append((self.validation_mazes, _VALIDATION_KEY, "validation/"))
+    metrics = {}
+    for mazes, key_tag, prefix in sets:
+      counts = np.concatenate(jax.device_get(
+          [successes(mazes, start, key_tag)
+           for start in range(0, mazes.shape[0], self.config.eval_batch_size)]), axis=1)
+      values = np.stack([pass_at_k(run, self.config.eval_samples, PASS_AT_K) for run in counts])
+      metrics |= {f"{prefix}pass@{k}": values[:, i] for i, k in enumerate(PASS_AT_K)}
+    return metrics
 
   def write_figures(self, workdir: str, rows: list[dict]) -> None:
     """maze.png: training success rate over steps and the last pass@k curve."""
@@ -416,7 +434,7 @@ class MazeTask:
         (split(prompt), split(jnp.arange(prompt.shape[0]))))
     return actions.reshape(prompt.shape[0], -1), log_probs.reshape(-1)
 
-  def _eval_successes_fn(self, params, rng: jax.Array, mazes: jax.Array, start: int,
+  def eval_successes_fn(self, params, rng: jax.Array, mazes: jax.Array, start: int,
                          key_tag: int) -> jax.Array:
     """Successes among config.eval_samples samples of each of the eval_batch_size `mazes`
     from `start`, int32 [eval_batch_size]; the samples are split over the mesh and drawn
