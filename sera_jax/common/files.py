@@ -45,6 +45,11 @@ def write_csv(location: epath.PathLike, rows: Sequence[Mapping[str, Any]],
   write_text(location, buffer.getvalue())
 
 
+def read_csv(location: epath.PathLike) -> list[dict[str, str]]:
+  """The rows of a CSV file (as `write_csv` writes them), each a dict of its header's keys."""
+  return list(csv.DictReader(io.StringIO(path(location).read_text())))
+
+
 def write_text(location: epath.PathLike, text: str) -> None:
   """Writes `text` as the whole file, creating its directory."""
   target = path(location)

@@ -32,7 +32,7 @@ from scipy import stats
 
 from sera_jax.common import files
 from sera_jax.common.plots import plt, save_figure
-from sera_jax.harness import configs, sweep, train
+from sera_jax.harness import batched, configs, sweep, train
 from sera_jax.method import success
 from sera_jax.settings.classification import allocations, gradients
 from sera_jax.settings.classification.task import ClassificationTask, TrainState
@@ -103,25 +103,53 @@ def refuse_other_config(config: ml_collections.ConfigDict, workdir: str) -> None
     raise SystemExit(f"error: {error}") from None
 
 
-def train_or_read(config: ml_collections.ConfigDict, workdir: str,
-                  task: ClassificationTask | None = None, *, label: str
-                  ) -> tuple[list[dict], ClassificationTask | None]:
-  """The metric rows of the run of `config` in `workdir`: read back when it finished, else
-  trained (resumed) there, reusing `task`'s compiled steps (a task of the same run but the seed).
-  A workdir holding a run of another config stops the figure (`refuse_other_config`).
+class TrainedRun(NamedTuple):
+  """A figure's run: its metric rows, and the step whose update went non-finite (no row from
+  it on), None when it trained to the end."""
+  rows: list[dict]
+  stopped_at: int | None
 
-  Returns:
-    (rows, the task the next seed can reuse: `task`, or the one built here).
-  """
-  start = time.perf_counter()
-  refuse_other_config(config, workdir)
+
+def nan_scores(ks: Sequence[int]) -> dict[str, float]:
+  """The last row of a run that went non-finite: NaN held-out and validation pass@k, a result
+  that is reported as it is and never chosen."""
+  return {f"{prefix}pass@{k}": np.nan for prefix in ("", "validation/") for k in ks}
+
+
+def _done(config: ml_collections.ConfigDict, workdir: str) -> TrainedRun | None:
+  """The run in `workdir` when it is done (finished, or stopped by its batch); else None."""
+  outcome = batched.run_outcome(workdir)
   if sweep.is_finished(workdir, config.num_steps):
-    print(f"{label}: finished earlier, read {workdir}", flush=True)
-    return train.read_metrics(workdir), task
-  task = seeded(task, config) if task else ClassificationTask(config)
-  rows = train.run(config, workdir, task=task)
-  print(f"{label}: {time.perf_counter() - start:.1f} s", flush=True)
-  return rows, task
+    return TrainedRun(train.read_metrics(workdir), None)
+  if outcome is not None and outcome.num_steps == config.num_steps:
+    return TrainedRun(train.read_metrics(workdir), outcome.stopped_at)
+  return None
+
+
+def train_or_read_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
+                        labels: Sequence[str]) -> list[TrainedRun]:
+  """The runs of `configs` (alike but in seed and optimizer scalars) in `workdirs`: read back
+  when done earlier, the others trained (or resumed) as one program (`batched.run_batch`,
+  docs/training.md#sweeps-sera-jax-sweep). A workdir holding a run of another config stops
+  the figure (`refuse_other_config`)."""
+  start = time.perf_counter()
+  runs = []
+  for config, workdir, label in zip(configs, workdirs, labels, strict=True):
+    refuse_other_config(config, workdir)
+    runs.append(_done(config, workdir))
+    if runs[-1] is not None:
+      print(f"{label}: finished earlier, read {workdir}", flush=True)
+  todo = [r for r, run in enumerate(runs) if run is None]
+  if todo:
+    try:
+      rows = batched.run_batch([configs[r] for r in todo], [workdirs[r] for r in todo])
+    except ValueError as error:  # e.g. a workdir holding part of a run of no batch
+      raise SystemExit(f"error: {error}") from None
+    for r, run_rows in zip(todo, rows, strict=True):
+      runs[r] = TrainedRun(run_rows, batched.run_outcome(workdirs[r]).stopped_at)
+    print(f"{'; '.join(labels[r] for r in todo)}: one batch, "
+          f"{time.perf_counter() - start:.1f} s", flush=True)
+  return runs
 
 
 # ----------------------------------------------------------------------------- learning rates
@@ -149,7 +177,7 @@ class TunedRuns(NamedTuple):
   runs: dict[int, Any]  # {seed: the run at the chosen rate}, the tuning seeds' included
 
 
-def tune_then_repeat(train_one, rates: Sequence[float], seeds: Sequence[int], validation_score,
+def tune_then_repeat(train_grid, rates: Sequence[float], seeds: Sequence[int], validation_score,
                      *, num_tuning_seeds: int = 1) -> TunedRuns:
   """Trains the first `num_tuning_seeds` seeds at every rate, chooses the rate of the best mean
   `validation_score(run)` over them, then trains the other seeds at it.
@@ -159,7 +187,9 @@ def tune_then_repeat(train_one, rates: Sequence[float], seeds: Sequence[int], va
   unbiased as the others'.
 
   Args:
-    train_one: (rate, seed) -> a run (whatever the figure keeps of it).
+    train_grid: [(rate, seed), ...] -> [its run, ...] in that order (whatever the figure keeps
+      of a run): called twice, for the whole tuning grid and for the other seeds, so that
+      each can train as one batch.
     rates: the grid.
     seeds: the reported seeds; the first `num_tuning_seeds` also tune.
     validation_score: run -> its score on the validation split (NaN: unusable, e.g. diverged;
@@ -169,11 +199,15 @@ def tune_then_repeat(train_one, rates: Sequence[float], seeds: Sequence[int], va
   if not 1 <= num_tuning_seeds <= len(seeds):
     raise ValueError(f"num_tuning_seeds must be in [1, {len(seeds)}]; got {num_tuning_seeds}.")
   tuning = list(seeds[:num_tuning_seeds])
-  grid = {rate: {seed: train_one(rate, seed) for seed in tuning} for rate in rates}
+  points = [(rate, seed) for rate in rates for seed in tuning]
+  trained = dict(zip(points, train_grid(points), strict=True))
+  grid = {rate: {seed: trained[rate, seed] for seed in tuning} for rate in rates}
   scores = {rate: float(np.mean([validation_score(run) for run in per_seed.values()]))
             for rate, per_seed in grid.items()}
   rate = choose_rate(scores)
-  runs = grid[rate] | {seed: train_one(rate, seed) for seed in seeds[num_tuning_seeds:]}
+  others = [(rate, seed) for seed in seeds[num_tuning_seeds:]]
+  runs = grid[rate] | {seed: run for (_, seed), run
+                       in zip(others, train_grid(others) if others else [], strict=True)}
   return TunedRuns(rate, scores, grid, runs)
 
 

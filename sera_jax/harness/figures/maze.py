@@ -20,8 +20,11 @@ Writes maze_passk.png and maze_passk.csv (mean, std, 95% interval and every
 seed's value at the chosen rates, and the paired differences to uniform) and
 maze_passk_rates.png and maze_passk_rates.csv (the whole grid: validation and
 held-out pass@k of every tuning run) into --out, and one training workdir per
-run under --workdir (metrics/, TensorBoard, checkpoints; a run of the same
-config is resumed or read back, one of another config stops the figure).
+run under --workdir (metrics/, TensorBoard; a run of the same config is resumed
+or read back, one of another config stops the figure). Each method's tuning
+grid trains as one program, its other seeds as another (`sera-jax sweep`'s
+batches: their checkpoints in a batch-* directory beside the runs), and a run
+that goes non-finite scores NaN (never chosen) while the others go on.
 --tiny names its files maze_passk_tiny* and trains under runs/maze_passk_tiny.
 """
 
@@ -32,7 +35,7 @@ import jax
 
 from sera_jax.common import files
 from sera_jax.common.plots import plt, save_figure
-from sera_jax.harness import configs, train
+from sera_jax.harness import configs
 from sera_jax.harness.figures import common
 from sera_jax.settings.maze.task import PASS_AT_K, MazeTask, replay_pass_at_k
 
@@ -48,9 +51,10 @@ CHOSEN_BY = 16  # the rate of the best validation pass@16
 def load_config(tiny: bool):
   config = configs.load("maze")
   config.num_validation_mazes = VALIDATION_MAZES
-  if tiny:
-    config.update(dict(num_train_mazes=32, batch_size=8, num_eval_mazes=16, warmup_steps=20,
-                       num_validation_mazes=16, num_steps=40, checkpoint_every=20))
+  if tiny:  # a smoke run of the pipeline: small mazes, a small policy, few steps
+    config.update(dict(dim=32, num_layers=1, num_heads=2, num_train_mazes=32, batch_size=8,
+                       num_eval_mazes=8, num_validation_mazes=8, eval_batch_size=8,
+                       warmup_steps=20, num_steps=30, checkpoint_every=15))
   config.eval_every = config.num_steps  # one evaluation, at the end
   return config
 
@@ -81,26 +85,33 @@ REFERENCES = (WARM_START, MAZE_BLIND)  # not RL methods: no paired difference to
 
 def tune_and_train(config, methods, seeds, learning_rates, num_tuning_seeds, workdir, start
                    ) -> dict[str, common.TunedRuns]:
-  """{method: its runs (the last metric row of each) at the rate chosen on validation}."""
+  """{method: its runs (the last metric row of each) at the rate chosen on validation}; each
+  method's tuning grid trains as one batch, then its other seeds as another."""
   tuned = {}
   for method in methods:
-    tasks = {}  # rate -> a task whose compiled steps the next seed reuses
 
-    def train_one(rate, seed, method=method, tasks=tasks):
-      this_run = run_config(config, method=method, seed=seed, learning_rate=rate)
-      run_dir = os.fspath(workdir / f"{method}-lr{rate:g}-seed{seed}")
-      common.refuse_other_config(this_run, run_dir)
-      tasks[rate] = (common.seeded(tasks[rate], this_run) if rate in tasks
-                     else MazeTask(this_run))
-      last = [row for row in train.run(this_run, run_dir, task=tasks[rate])
-              if "pass@1" in row][-1]
-      print(f"{method} lr {rate:g} seed {seed}: validation pass@{CHOSEN_BY} "
-            f"{last[f'validation/pass@{CHOSEN_BY}']:.3f}; held-out pass@1 {last['pass@1']:.3f} "
-            f"pass@256 {last['pass@256']:.3f}  ({time.time() - start:.0f} s)", flush=True)
-      return last
+    def train_grid(points, method=method):
+      runs = [run_config(config, method=method, seed=seed, learning_rate=rate)
+              for rate, seed in points]
+      labels = [f"{method} lr {rate:g} seed {seed}" for rate, seed in points]
+      trained = common.train_or_read_batch(
+          runs, [os.fspath(workdir / f"{method}-lr{rate:g}-seed{seed}") for rate, seed in points],
+          labels)
+      lasts = []
+      for label, run in zip(labels, trained, strict=True):
+        if run.stopped_at is not None:
+          print(f"{label}: went non-finite at step {run.stopped_at}", flush=True)
+          lasts.append(common.nan_scores(PASS_AT_K))
+          continue
+        last = [row for row in run.rows if "pass@1" in row][-1]
+        print(f"{label}: validation pass@{CHOSEN_BY} {last[f'validation/pass@{CHOSEN_BY}']:.3f}; "
+              f"held-out pass@1 {last['pass@1']:.3f} pass@256 {last['pass@256']:.3f}  "
+              f"({time.time() - start:.0f} s)", flush=True)
+        lasts.append(last)
+      return lasts
 
     tuned[method] = common.tune_then_repeat(
-        train_one, learning_rates, seeds, lambda row: row[f"validation/pass@{CHOSEN_BY}"],
+        train_grid, learning_rates, seeds, lambda row: row[f"validation/pass@{CHOSEN_BY}"],
         num_tuning_seeds=num_tuning_seeds)
     common.print_choice(method, f"pass@{CHOSEN_BY}", tuned[method])
   return tuned

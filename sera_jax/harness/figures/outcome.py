@@ -23,7 +23,9 @@ std and every seed's value) and training_outcome_rates.csv (the whole grid)
 into --out, and one `sera-jax train` workdir per run under
 --workdir-root/<dataset>-<steps>steps/method=M,lr=R,seed=S (named as `sera-jax
 sweep` names them; a finished run of the same config is read back, one of
-another config stops the figure).
+another config stops the figure). Each (dataset, method)'s tuning runs train as
+one program, its other seeds as another (`sera-jax sweep`'s batches, their
+checkpoints in a batch-* directory beside the runs).
 """
 
 import os
@@ -74,19 +76,17 @@ def train_all(datasets: dict[str, int], methods, seeds, workdir_root: str,
   results = {}
   for dataset, num_steps in datasets.items():
     for method in methods:
-      tasks = {}  # rate -> a task whose compiled steps the next seed reuses
+      def train_grid(points, dataset=dataset, num_steps=num_steps, method=method):
+        workdirs = [os.path.join(workdir_root, f"{dataset}-{num_steps}steps", sweep.workdir_name(
+            (("method", method), ("lr", f"{rate:g}"), ("seed", str(seed)))))
+            for rate, seed in points]
+        runs = common.train_or_read_batch(
+            [run_config(dataset, method, seed, num_steps, rate) for rate, seed in points],
+            workdirs, [f"{dataset} {method} lr {rate:g} seed {seed}" for rate, seed in points])
+        return [run.rows[-1] if run.stopped_at is None else common.nan_scores(PASS_AT_K)
+                for run in runs]
 
-      def train_one(rate, seed, dataset=dataset, num_steps=num_steps, method=method,
-                    tasks=tasks):
-        config = run_config(dataset, method, seed, num_steps, rate)
-        overrides = (("method", method), ("lr", f"{rate:g}"), ("seed", str(seed)))
-        workdir = os.path.join(workdir_root, f"{dataset}-{num_steps}steps",
-                               sweep.workdir_name(overrides))
-        rows, tasks[rate] = common.train_or_read(
-            config, workdir, tasks.get(rate), label=f"{dataset} {method} lr {rate:g} seed {seed}")
-        return rows[-1]
-
-      tuned = common.tune_then_repeat(train_one, learning_rates[dataset], seeds,
+      tuned = common.tune_then_repeat(train_grid, learning_rates[dataset], seeds,
                                       lambda row: row["validation/pass@1"])
       common.print_choice(f"{dataset} {method}", "pass@1", tuned)
       results[dataset, method] = tuned

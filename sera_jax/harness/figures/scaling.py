@@ -26,7 +26,10 @@ seed's held-out pass@1 and pass@256 at every evaluation, at the chosen rates),
 budget_scaling_rates.png (final validation pass@1 against the rate, per N0)
 and budget_scaling_rates.csv (the whole grid) into --out, and one `sera-jax
 train` workdir per run under --workdir-root (a finished run of the same config
-is read back; one of another config stops the figure).
+is read back; one of another config stops the figure). Each (method, N0)'s
+tuning runs train as one program, its other seeds as another (`sera-jax
+sweep`'s batches, their checkpoints in a batch-* directory beside the runs); a
+run that diverges stops there while the others go on.
 """
 
 import os
@@ -36,7 +39,7 @@ import numpy as np
 
 from sera_jax.common import files
 from sera_jax.common.plots import plt, save_figure
-from sera_jax.harness import configs, sweep, train
+from sera_jax.harness import configs, sweep
 from sera_jax.harness.figures import common
 
 NAME = "budget_scaling"
@@ -83,26 +86,24 @@ def train_all(methods, baselines, seeds, learning_rates, num_steps, eval_every, 
   results = {}
   for method in methods:
     for baseline_n in ([None] if method == "ce" else baselines):
-      tasks = {}  # rate -> a task whose compiled steps the next seed reuses
       group = method if baseline_n is None else f"N0={baseline_n}"
 
-      def train_one(rate, seed, method=method, baseline_n=baseline_n, group=group, tasks=tasks):
+      def train_grid(points, method=method, baseline_n=baseline_n, group=group):
         # ce samples no rollouts: its N0 is irrelevant, so it runs once, at the smallest.
-        config = run_config(method, baseline_n or min(baselines), seed, num_steps, eval_every,
-                            rate)
-        overrides = [("method", method), ("lr", f"{rate:g}"), ("seed", str(seed))]
-        workdir = os.path.join(workdir_root, f"{num_steps}steps", group,
-                               sweep.workdir_name(overrides))
-        label = f"{method} {'' if baseline_n is None else group + ' '}lr {rate:g} seed {seed}"
-        try:
-          rows, tasks[rate] = common.train_or_read(config, workdir, tasks.get(rate), label=label)
-          diverged = None
-        except train.NonFiniteError as error:  # a result: kept up to the step that failed
-          print(f"{label}: diverged at step {error.step}", flush=True)
-          rows, diverged = train.read_metrics(workdir), error.step
-        return _curves(rows, diverged)
+        workdirs = [os.path.join(workdir_root, f"{num_steps}steps", group, sweep.workdir_name(
+            [("method", method), ("lr", f"{rate:g}"), ("seed", str(seed))]))
+            for rate, seed in points]
+        labels = [f"{method} {'' if baseline_n is None else group + ' '}lr {rate:g} seed {seed}"
+                  for rate, seed in points]
+        runs = common.train_or_read_batch(
+            [run_config(method, baseline_n or min(baselines), seed, num_steps, eval_every, rate)
+             for rate, seed in points], workdirs, labels)
+        for label, run in zip(labels, runs, strict=True):
+          if run.stopped_at is not None:  # a result: kept up to the step that failed
+            print(f"{label}: diverged at step {run.stopped_at}", flush=True)
+        return [_curves(run.rows, run.stopped_at) for run in runs]
 
-      tuned = common.tune_then_repeat(train_one, learning_rates, seeds,
+      tuned = common.tune_then_repeat(train_grid, learning_rates, seeds,
                                       lambda run: run["validation/pass@1"])
       common.print_choice(f"{method} {group}", "pass@1", tuned)
       for n0 in (baselines if baseline_n is None else [baseline_n]):
