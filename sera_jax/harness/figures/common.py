@@ -119,10 +119,10 @@ def nan_scores(ks: Sequence[int]) -> dict[str, float]:
 def _done(config: ml_collections.ConfigDict, workdir: str) -> TrainedRun | None:
   """The run in `workdir` when it is done (finished, or stopped by its batch); else None."""
   outcome = batched.run_outcome(workdir)
-  if sweep.is_finished(workdir, config.num_steps):
-    return TrainedRun(train.read_metrics(workdir), None)
-  if outcome is not None and outcome.num_steps == config.num_steps:
+  if outcome is not None and outcome.num_steps == config.num_steps:  # its batch ended
     return TrainedRun(train.read_metrics(workdir), outcome.stopped_at)
+  if sweep.is_finished(workdir, config.num_steps):  # trained alone
+    return TrainedRun(train.read_metrics(workdir), None)
   return None
 
 

@@ -435,7 +435,7 @@ class MazeTask:
     return actions.reshape(prompt.shape[0], -1), log_probs.reshape(-1)
 
   def eval_successes_fn(self, params, rng: jax.Array, mazes: jax.Array, start: int,
-                         key_tag: int) -> jax.Array:
+                        key_tag: int) -> jax.Array:
     """Successes among config.eval_samples samples of each of the eval_batch_size `mazes`
     from `start`, int32 [eval_batch_size]; the samples are split over the mesh and drawn
     from `rng` folded with `key_tag` (one per evaluation set) and `start`."""
