@@ -122,10 +122,10 @@ def _check_workdirs(configs, workdirs, batch_dir) -> bool:
   return False
 
 
-def _non_finite(row: dict, state: Any) -> list[str]:
-  """The metrics of `row` and the floating leaves of `state` that hold NaN or inf."""
+def _non_finite(row: dict, non_finite_leaves: list[str]) -> list[str]:
+  """The metrics of `row` that are NaN or inf, then the run's `non_finite_leaves`."""
   return (sorted(name for name, value in row.items() if not math.isfinite(value))
-          + train.non_finite_leaves(state))
+          + non_finite_leaves)
 
 
 def run_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str], *,
@@ -170,10 +170,11 @@ def run_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
     for step in range(start, config.num_steps):
       states, metrics = batch.train_step(states, step)
       metrics = jax.device_get(metrics)
+      leaves = train.non_finite_leaves_of_runs(states)
       new = {}
       for r in list(live):
         row = {"step": step} | {name: float(value[r]) for name, value in metrics.items()}
-        bad = _non_finite(row, batching.run_state(states, r))
+        bad = _non_finite(row, leaves[r])
         if bad:
           live.remove(r)
           logging.warning("%s: non-finite %s at step %d; this run stops here (its rows end at "

@@ -327,18 +327,33 @@ def _finite_flags(state: Any) -> jax.Array:
                     if _is_floating(leaf)] or [jnp.bool_(True)])
 
 
+# Each run's flags of a batched state (a leading run axis), in one program.
+_finite_flags_of_runs = jax.jit(jax.vmap(_finite_flags))
+
+
+def _paths_not_finite(state: Any, flags: np.ndarray) -> list[str]:
+  """The paths of the floating leaves of `state` whose `flags` are False."""
+  if flags.all():
+    return []
+  paths = ["state" + jax.tree_util.keystr(path)
+           for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0] if _is_floating(leaf)]
+  return [path for path, finite in zip(paths, flags, strict=True) if not finite]
+
+
 def non_finite_leaves(state: Any) -> list[str]:
   """The paths of the floating leaves of `state` that hold NaN or inf (one device sync).
 
   The paths are named only when some leaf is bad, so the per-step check costs one
   jitted reduction over the state.
   """
-  flags = jax.device_get(_finite_flags(state))
-  if flags.all():
-    return []
-  paths = ["state" + jax.tree_util.keystr(path)
-           for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0] if _is_floating(leaf)]
-  return [path for path, finite in zip(paths, flags, strict=True) if not finite]
+  return _paths_not_finite(state, jax.device_get(_finite_flags(state)))
+
+
+def non_finite_leaves_of_runs(states: Any) -> list[list[str]]:
+  """`non_finite_leaves` of each run of a batched state (a leading run axis), in one device
+  sync for the whole batch (slicing out each run would dispatch an op per leaf and run)."""
+  return [_paths_not_finite(states, flags)
+          for flags in jax.device_get(_finite_flags_of_runs(states))]
 
 
 def _to_floats(metrics: Mapping[str, Any]) -> dict[str, float]:

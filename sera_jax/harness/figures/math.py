@@ -25,9 +25,9 @@ problems are the same for every seed.
 The experiment is the shipped config `math` (sera_jax/harness/configs/math.py).
 Writes math_passk.{png,csv} (pass@k per seed, paired differences),
 math_alignment.{png,csv} (every seed's logged steps) and math_tuning.csv (the
-validation grid) into --out. Each finished run leaves its scores in --workdir
-(one JSON per run), which a rerun of the same settings reuses. Needs the [llm]
-extra (google-tunix).
+validation grid, when it has more than one rate) into --out. Each finished run
+leaves its scores in --workdir (one JSON per run), which a rerun of the same
+settings reuses. Needs the [llm] extra (google-tunix).
 """
 
 import functools
@@ -158,7 +158,14 @@ def _run_settings(config, method: str | None = None, learning_rate: float | None
 
 def choose_learning_rates(config, problems, methods, workdir, warm_started, out_csv: str):
   """Each arm's rate: the best mean validation pass@1 over config.tuning_seeds (ties: the
-  smaller rate). Writes every (arm, rate, seed) validation pass@k to `out_csv`."""
+  smaller rate). Writes every (arm, rate, seed) validation pass@k to `out_csv`.
+
+  A grid of one rate has nothing to choose: it trains no tuning run and writes no `out_csv`.
+  """
+  if len(config.learning_rates) == 1:
+    (rate,) = config.learning_rates
+    print(f"one learning rate, {rate:g}: no tuning runs", flush=True)
+    return {method: rate for method in methods}
   rows, chosen = [], {}
   for method in methods:
     scores = {}
