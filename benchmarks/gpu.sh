@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The benchmark tables of benchmarks/run.py (in under 5 minutes) and benchmarks/sweep.py (in
-# under 10) on one NVIDIA GPU.
+# The benchmark tables of benchmarks/run.py (in under 5 minutes), benchmarks/sweep.py (in
+# under 10) and benchmarks/conv_batching.py (in under 1) on one NVIDIA GPU.
 #
 #   bash benchmarks/gpu.sh [extra benchmarks/run.py flags]
 #
@@ -29,3 +29,7 @@ timeout 290 python3 benchmarks/run.py --batch 32 --rounds 5 --repeats 10 "$@"
 # R = 10 seeds as one vmapped program against the same runs one after another, in one process:
 # the digits MLP, the small CNN and the maze policy (sera_jax.harness.batched).
 timeout 590 python3 benchmarks/sweep.py --runs 10 --steps 100 --maze-steps 20
+
+# A convolution vmapped over R = 10 runs' kernels (a grouped convolution) against one run after
+# another, and the same as patches times the kernel: why the CNN's batch is slow on a CPU.
+timeout 60 python3 benchmarks/conv_batching.py

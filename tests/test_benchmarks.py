@@ -8,6 +8,8 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "benchmarks"))
 
 import alignment_step  # noqa: E402
+import conv_batching  # noqa: E402
+import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import llm_memory  # noqa: E402
 import memory  # noqa: E402
@@ -22,6 +24,17 @@ def test_step_ratios_measure_every_step():
   best = alignment_step.measure("mlp", batch=8, rounds=1, repeats=1)
   assert set(best) == {"ce", "alignment", "sera", "gradients"}
   assert all(0 < seconds < 60 for seconds in best.values())
+
+
+def test_conv_batching_times_two_ways_of_one_convolution():
+  """The patches formulation is the convolution (so the table compares like with like)."""
+  images = jax.random.normal(jax.random.PRNGKey(0), (2, 8, 8, 32))
+  kernel = jax.random.normal(jax.random.PRNGKey(1), (3, 3, 32, 64))
+  assert jnp.allclose(conv_batching.patches_times_kernel(images, kernel),
+                      conv_batching.convolution(images, kernel), rtol=1e-4, atol=1e-3)
+  times = conv_batching.measure(runs=2, batch=2, repeats=1)
+  assert set(times) == {"convolution", "patches x kernel"}
+  assert all(seconds > 0 for pair in times.values() for seconds in pair)
 
 
 def test_allocator_rows_match_the_reference():
