@@ -34,9 +34,10 @@ def _config(method="sera", estimator="maxrl", **overrides):
   return config
 
 
-# Seeds, learning rates, a momentum of 0 (no trace alone) and a weight decay, all differing.
+# Seeds, learning rates, a momentum of 0 (no trace alone), a weight decay and a threshold
+# that switches prompts off, all differing.
 RUNS = (dict(seed=0, learning_rate=0.01), dict(seed=1, learning_rate=0.05, momentum=0.0),
-        dict(seed=2, learning_rate=0.1, weight_decay=1e-3))
+        dict(seed=2, learning_rate=0.1, weight_decay=1e-3, threshold=0.9))
 
 
 def _train(trainer, state, steps):
@@ -89,15 +90,19 @@ def test_each_run_of_a_batch_is_the_run_alone(method, estimator):
     assert evaluations[r].keys() == evaluation.keys()
     for key, value in evaluation.items():
       np.testing.assert_allclose(evaluations[r][key], value, rtol=RTOL, atol=ATOL, err_msg=key)
-  # The runs did differ: their parameters and rates are not one run's.
+  # The runs did differ: their parameters and rates are not one run's, and SERA's threshold
+  # (run 2's) left fewer prompts active.
   assert len({float(rate) for rate in rows[-1]["learning_rate"]}) == len(RUNS)
+  if method == "sera":
+    fractions = np.array([row["active_fraction"] for row in rows])
+    assert np.all(fractions[:, 2] < fractions[:, 0])
   first, second = (jax.tree.leaves(batched.run_state(states, r).params)[0] for r in (0, 1))
   assert not np.allclose(first, second)
 
 
 @pytest.mark.parametrize("key,value", [("batch_size", 32), ("baseline_n", 4), ("n_max", 16),
                                        ("method", "uniform"), ("estimator", "grpo"),
-                                       ("threshold", 0.1), ("model", "small_cnn")])
+                                       ("normalize_by_rho", True), ("model", "small_cnn")])
 def test_a_key_outside_the_varied_ones_is_refused_by_name(key, value):
   configs = [_config(seed=0), _config(seed=1, learning_rate=0.05, **{key: value})]
   with pytest.raises(ValueError, match=rf"^config\.{key} differs between runs .* run 1\); "
@@ -105,7 +110,7 @@ def test_a_key_outside_the_varied_ones_is_refused_by_name(key, value):
     batched.BatchedClassification(configs)
 
 
-def test_seeds_and_optimizer_scalars_may_differ():
+def test_seeds_and_optimizer_and_allocation_scalars_may_differ():
   configs = [_config(**run) for run in RUNS]
   batched.check_batchable(configs)  # does not raise
   with pytest.raises(ValueError, match="at least one config"):
@@ -228,6 +233,60 @@ def test_a_killed_batch_resumes_exactly(tmp_path):
   assert after_kill["live"].tolist() == [True, True]
 
 
+_KILLED = 86  # the exit status of the batch the script below ends
+# Trains the batch of RUNS[:2] (6 steps, a checkpoint every 2) into WORKDIR0, WORKDIR1 and
+# BATCH_DIR, and ends the process as SIGKILL would (no `finally`, no flush, no wait for Orbax)
+# as step 5 begins, once it sees the checkpoint of step 4 finalised on disk.
+_KILL_IN_STEP_FIVE = """
+import os, pathlib, sys, time
+from test_batched import RUNS, _config, _Observed
+from sera_jax.harness import batched as harness_batched, train
+from sera_jax.settings.classification import batched
+
+workdirs, batch_dir = sys.argv[1:3], sys.argv[3]
+checkpoint_four = pathlib.Path(batch_dir) / train.CHECKPOINT_DIR / "4"
+
+class KilledInStepFive(_Observed):
+  def train_step(self, states, step):
+    if step == 5:
+      while not checkpoint_four.exists():  # Orbax renames it into place when it is complete
+        time.sleep(0.01)
+      os._exit(int(sys.argv[4]))
+    return super().train_step(states, step)
+
+configs = [_config(num_steps=6, checkpoint_every=2, eval_every=3, **run) for run in RUNS[:2]]
+harness_batched.run_batch(configs, workdirs, batch_dir=batch_dir,
+                          batch=KilledInStepFive(batched.BatchedClassification(configs)))
+"""
+
+
+@pytest.mark.slow
+def test_a_batch_killed_as_a_process_resumes_exactly(tmp_path):
+  """SIGKILL, not an exception: the killed process leaves its logs unclosed and its rows since
+  the last checkpoint unflushed; the resumed batch still ends as the uninterrupted one."""
+  configs = [_config(num_steps=6, checkpoint_every=2, eval_every=3, **run) for run in RUNS[:2]]
+  whole = harness_batched.run_batch(configs, [str(tmp_path / f"whole{r}") for r in range(2)],
+                                    batch_dir=str(tmp_path / "whole"))
+  workdirs = [str(tmp_path / f"killed{r}") for r in range(2)]
+  killed = subprocess.run(
+      [sys.executable, "-c", _KILL_IN_STEP_FIVE, *workdirs, str(tmp_path / "killed"),
+       str(_KILLED)], cwd=os.path.dirname(__file__), capture_output=True, text=True, timeout=600)
+  assert killed.returncode == _KILLED, f"not killed in step 5:\n{killed.stderr[-2000:]}"
+  for workdir in workdirs:  # no batch_run.json: the batch never ended
+    assert harness_batched.run_outcome(workdir) is None
+
+  resumed = _Observed(batched.BatchedClassification(configs))
+  rows = harness_batched.run_batch(configs, workdirs, batch_dir=str(tmp_path / "killed"),
+                                   batch=resumed)
+  assert resumed.steps == [4, 5]
+  assert rows == whole
+  for workdir, whole_rows in zip(workdirs, whole, strict=True):
+    assert train.read_metrics(workdir) == whole_rows
+    assert harness_batched.run_outcome(workdir).stopped_at is None
+  jax.tree.map(np.testing.assert_array_equal, _final_checkpoint(tmp_path / "killed", 6),
+               _final_checkpoint(tmp_path / "whole", 6))
+
+
 def _maze_config(method="sera", **overrides):
   config = configs.load("maze")
   # Epochs of 2 RL steps after a 1-step warm start: SERA allocates at step 3. 5x5 mazes, which
@@ -242,9 +301,10 @@ def _maze_config(method="sera", **overrides):
 
 
 MAZE_STEPS = 4
-# Seeds and every optimizer scalar differing.
+# Seeds, every optimizer scalar and every allocation scalar differing.
 MAZE_RUNS = (dict(seed=0), dict(seed=1, learning_rate=1e-3, warmup_learning_rate=3e-2,
-                                grad_clip_norm=0.5, weight_decay=1e-4))
+                                grad_clip_norm=0.5, weight_decay=1e-4, threshold=0.5,
+                                discount=0.5, alpha0=2.0, beta0=0.25))
 MAZE_COUNTED = ("rollouts/min", "rollouts/max", "active_fraction", "useful_group_fraction",
                 "all_zero_group_fraction", "estimated_fraction", "reward/mean")
 
@@ -308,7 +368,7 @@ def test_each_maze_run_of_a_batch_is_the_run_alone(method):
 
 
 @pytest.mark.parametrize("key,value", [("batch_size", 8), ("baseline_n", 8), ("n_max", 16),
-                                       ("dim", 32), ("method", "grpo"), ("threshold", 0.1),
+                                       ("dim", 32), ("method", "grpo"), ("n_min", 3),
                                        ("data_seed", 1)])
 def test_a_maze_key_outside_the_varied_ones_is_refused_by_name(key, value):
   configs_ = [_maze_config(seed=0), _maze_config(seed=1, learning_rate=1e-3, **{key: value})]

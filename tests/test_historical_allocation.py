@@ -190,6 +190,30 @@ def test_the_config_of_an_experiment_names_its_keys_and_hashes_by_value():
     registry.AllocationConfig.from_fields(experiment, prefix="config.", threshold=2.0)
 
 
+def test_traced_scalars_allocate_as_the_same_values_given_as_numbers():
+  """A batch of runs gives each run's threshold, discount and prior to one jitted step as
+  arrays (`registry.SCALARS`): they allocate as the numbers do, and they matter."""
+  state = _staged(_history(), IDS)  # outcomes staged: the discount folds at the boundary
+  scalars = dict(threshold=0.6, discount=0.5, alpha0=2.0, beta0=0.25)
+
+  @jax.jit
+  def traced(values):
+    return historical_allocation(registry.AllocationConfig(mode="sera", **BOUNDS).replace(
+        **values), state, IDS, True, True)
+
+  got = traced({name: jnp.float32(value) for name, value in scalars.items()})
+  want = historical_allocation(registry.AllocationConfig(mode="sera", **BOUNDS, **scalars),
+                               state, IDS, True, True)
+  jax.tree.map(np.testing.assert_array_equal, got[0], want[0])  # the folded history
+  np.testing.assert_array_equal(got[1].counts, want[1].counts)
+  np.testing.assert_allclose(got[2], want[2], rtol=1e-6)
+  default = historical_allocation(registry.AllocationConfig(mode="sera", **BOUNDS), state, IDS,
+                                  True, True)
+  assert not np.array_equal(default[1].counts, want[1].counts)
+  assert not np.allclose(default[2], want[2])
+  assert set(scalars) == set(registry.SCALARS)
+
+
 # ----------------------------------------------------------------------------- the settings
 
 

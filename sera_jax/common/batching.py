@@ -3,7 +3,9 @@
 A batch trains R runs of one setting as one program: every array of the state gains a
 leading run axis and the setting's step is mapped over it with `jax.vmap`. The runs
 share every config value that fixes a shape or the compiled program and differ only in
-a setting's `varied` keys (the seed, scalars that enter the step as traced arrays).
+a setting's `varied` keys (the seed, scalars that enter the step as traced arrays: the
+optimizer's, held in its state, and the allocation's `registry.SCALARS`, given to the step
+by `allocation_scalars`).
 
 On a mesh with a "runs" axis (`runs_mesh`) the run axis is split over its devices, so a
 pod trains its grid as one program with each run's data on its own devices; the mesh's
@@ -18,9 +20,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from sera_jax.common import sharding
+from sera_jax.method import registry
 
 RUNS_AXIS = "runs"
 
@@ -58,6 +62,15 @@ def check_batchable(configs: Sequence[ml_collections.ConfigDict], varied: Sequen
 def stack(trees: Sequence[Any]) -> Any:
   """The pytrees `trees` (one a run, alike in structure) as one with a leading run axis."""
   return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
+
+
+def allocation_scalars(allocations: Sequence[registry.AllocationConfig], mesh: Mesh | None
+                       ) -> dict[str, jax.Array]:
+  """{field: [R] float32} of each run's `registry.SCALARS` (the threshold, the historical
+  estimator's discount and prior), on the mesh's "runs" axis: the values that replace the
+  shared config's in the step of run r."""
+  return split_runs({name: np.asarray([getattr(run, name) for run in allocations], np.float32)
+                     for name in registry.SCALARS}, mesh)
 
 
 def run_state(states: Any, r: int) -> Any:

@@ -10,6 +10,9 @@
 * `ALLOCATORS`: mode name -> `Allocator`, one signature for all:
   (AllocationConfig, AllocationInputs) -> `Allocation`.
 * `allocate_with(config, inputs)`: the allocation of `config.mode`.
+* `SCALARS`: the config's fields that fix no shape and no program. Inside a jitted step
+  they may hold traced arrays (`config.replace(threshold=...)`), so that a batch of runs
+  (`sera_jax.common.batching`) gives each run its own under one compiled step.
 
 A setting states once what it can feed (`require`), so a mode it cannot run is refused
 when its config is checked, with what is missing and what it can run instead.
@@ -55,6 +58,10 @@ _MEANINGS = types.MappingProxyType({
 class AllocationConfig:
   """The allocation of an experiment, checked when it is built (hashable: a static jit argument).
 
+  Inside a traced function the `SCALARS` fields may hold traced arrays (a run's own values
+  in a batch of runs); they are checked where they are concrete, and such a config is not
+  hashable.
+
   Attributes:
     mode: a registered mode (`MODES`): "uniform", "equalized", "sera" (`sera_jax.allocate`)
       or a baseline, "knapsack", "gvm", "adaptive" (`sera_jax.method.allocators`).
@@ -93,7 +100,6 @@ class AllocationConfig:
         "baseline_n": validation.integer("baseline_n", self.baseline_n, minimum=1),
         "n_min": validation.integer("n_min", self.n_min, minimum=1),
         "n_max": validation.integer("n_max", self.n_max, minimum=1),
-        "threshold": _unit_interval("threshold", self.threshold),
         "normalize_by_rollout_count": _boolean("normalize_by_rollout_count",
                                                self.normalize_by_rollout_count),
         "normalize_by_rho": _boolean("normalize_by_rho", self.normalize_by_rho),
@@ -101,10 +107,11 @@ class AllocationConfig:
         "estimator": validation.choice("estimator", self.estimator,
                                        tuple(estimators.registered_estimators())),
         "estimator_kwargs": _keyword_pairs("estimator_kwargs", self.estimator_kwargs),
-        "discount": _unit_interval("discount", self.discount),
-        "alpha0": validation.real("alpha0", self.alpha0, positive=True),
-        "beta0": validation.real("beta0", self.beta0, positive=True),
     }
+    for name, check in _SCALAR_CHECKS.items():
+      value = getattr(self, name)
+      if validation.is_concrete(value):
+        checked[name] = check(name, value)
     for name, value in checked.items():  # plain Python values: equal configs hash alike
       object.__setattr__(self, name, value)
     _estimator_spec(self.estimator, self.estimator_kwargs)  # refuses parameters it lacks
@@ -142,6 +149,17 @@ class AllocationConfig:
 def _unit_interval(name: str, value: Any) -> float:
   validation.real(name, value)
   return validation.in_unit_interval(name, value)
+
+
+def _positive(name: str, value: Any) -> float:
+  return validation.real(name, value, positive=True)
+
+
+# The fields that may be traced, with their checks: numbers the allocation and the historical
+# estimator compute with, never branch or shape on.
+_SCALAR_CHECKS = types.MappingProxyType({"threshold": _unit_interval, "discount": _unit_interval,
+                                         "alpha0": _positive, "beta0": _positive})
+SCALARS = tuple(_SCALAR_CHECKS)
 
 
 def _estimator_spec(name: str, kwargs: tuple[tuple[str, Any], ...]) -> estimators.Estimator:

@@ -54,8 +54,10 @@ def _log_beta_mean(successes, failures, alpha0: float, beta0: float) -> jax.Arra
 
 
 def _check_prior(alpha0: float, beta0: float) -> None:
+  """Refuses a concrete alpha0 or beta0 <= 0 (a traced one is a batch's run's, checked where
+  its config was built)."""
   for name, value in (("alpha0", alpha0), ("beta0", beta0)):
-    if not float(value) > 0:
+    if validation.is_concrete(value) and not float(value) > 0:
       raise ValueError(f"{name} must be > 0 (a proper Beta prior); got {value!r}.")
 
 
@@ -154,7 +156,8 @@ def historical_start_epoch(state: HistoricalState, *,
   rolled out this epoch only decay), staged counts are cleared, and a prompt
   becomes `seen` once any rollout of it has been folded.
   """
-  discount = validation.in_unit_interval("discount", discount)
+  if validation.is_concrete(discount):
+    discount = validation.in_unit_interval("discount", discount)
   staged_any = (state.staged_successes + state.staged_failures) > 0
   zeros = jnp.zeros_like(state.staged_successes)
   return HistoricalState(

@@ -2,10 +2,12 @@
 
 The runs of a batch share every config value that fixes a shape or the compiled
 program (dataset, model, batch_size, baseline_n, n_min, n_max, method, estimator, ...)
-and may differ in `VARIED` alone: the seed (initial parameters, data order, rollouts)
-and the optimizer's scalars. Those enter as traced arrays: `optax.inject_hyperparams`
-keeps each run's learning rate, momentum and weight decay in its optimizer state, and
-the schedule's shape (warm-up, decay) multiplies the run's peak rate. The step is
+and may differ in `VARIED` alone: the seed (initial parameters, data order, rollouts),
+the optimizer's scalars and the allocation's (`registry.SCALARS`: the threshold, ...).
+Those enter as traced arrays: `optax.inject_hyperparams` keeps each run's learning rate,
+momentum and weight decay in its optimizer state, the schedule's shape (warm-up, decay)
+multiplies the run's peak rate, and the step takes each run's allocation scalars
+(`batching.allocation_scalars`) in place of the shared config's. The step is
 `task.make_train_step`'s, unchanged, mapped over the runs, so run r of a batch is the
 run config r trains alone (docs/method.md#classification-as-rl), up to the rounding of
 batched arithmetic.
@@ -19,10 +21,11 @@ import numpy as np
 import optax
 
 from sera_jax.common import batching, optim
-from sera_jax.settings.classification import task
+from sera_jax.method import registry
+from sera_jax.settings.classification import allocations, task
 
 # The config keys that may differ between the runs of a batch; any other is refused.
-VARIED = ("seed", "learning_rate", "momentum", "weight_decay")
+VARIED = ("seed", "learning_rate", "momentum", "weight_decay", *registry.SCALARS)
 
 
 def check_batchable(configs: Sequence[ml_collections.ConfigDict]) -> None:
@@ -55,10 +58,11 @@ def _optimizer(factory, config: ml_collections.ConfigDict) -> optax.GradientTran
 
 def make_batched_train_step(model, config: ml_collections.ConfigDict, *, align: bool,
                             mesh=None):
-  """The jitted step of R runs: (states, images, labels, step) -> (states, metrics).
+  """The jitted step of R runs: (states, images, labels, step, scalars) -> (states, metrics).
 
-  States, images [R, M, ...] and labels [R, M] carry the run axis first; every metric
-  is [R]. `config` is any run's (their shared keys). With a `mesh`
+  States, images [R, M, ...], labels [R, M] and the allocation's scalars
+  (`batching.allocation_scalars`) carry the run axis first; every metric is [R]. `config`
+  is any run's (their shared keys). With a `mesh`
   (`batching.runs_mesh`) the run axis is split over its "runs" axis.
   """
   factory = _optimizer_factory(config)
@@ -68,7 +72,7 @@ def make_batched_train_step(model, config: ml_collections.ConfigDict, *, align: 
   step = task.make_train_step(
       model, optimizer, config, align=align,
       learning_rate=lambda opt_state, step: opt_state.hyperparams["learning_rate"] * unit(step))
-  return batching.map_runs(step, (0, 0, 0, None), mesh)
+  return batching.map_runs(step, (0, 0, 0, None, 0), mesh)
 
 
 run_state = batching.run_state
@@ -91,6 +95,9 @@ class BatchedClassification:
     self.task = task.ClassificationTask(self.configs[0])  # dataset, model, evaluation
     factory = _optimizer_factory(self.configs[0])
     self._optimizers = [_optimizer(factory, config) for config in self.configs]
+    # Any mode's config: the scalars are the run's whatever it allocates.
+    self._scalars = batching.allocation_scalars(
+        [allocations.allocation_config(config, "sera") for config in self.configs], mesh)
     self._steps = {align: make_batched_train_step(self.task.model, self.configs[0], align=align,
                                                   mesh=mesh)
                    for align in (True, False)}
@@ -116,7 +123,7 @@ class BatchedClassification:
     """One step of every run: (states, metrics of [R] arrays)."""
     images, labels = self._batches(step)
     align = step % self.configs[0].align_every == 0
-    return self._steps[align](states, images, labels, step)
+    return self._steps[align](states, images, labels, step, self._scalars)
 
   def evaluate(self, states: task.TrainState) -> list[dict[str, float]]:
     """Each run's `ClassificationTask.evaluate`, run by run."""

@@ -91,11 +91,12 @@ def make_train_step(model, optimizer, config, *, align: bool, mesh=None, learnin
   solves the allocation on the whole batch: the budget is global, no collective runs
   inside the allocator's loops, and the counts are those of a single-device run.
   `learning_rate(opt_state, step)` is the rate the metrics report, default the config's
-  schedule (a batch of runs reads each run's own from its optimizer state).
+  schedule (a batch of runs reads each run's own from its optimizer state). A fifth
+  argument, {field: value} of `registry.SCALARS` (a batch's run's own), replaces the config's.
   """
 
-  def allocate(mode, logits, labels, key):
-    mode_config = allocations.allocation_config(config, mode)
+  def allocate(mode, logits, labels, key, scalars):
+    mode_config = allocations.allocation_config(config, mode).replace(**scalars)
     batch = allocations.inputs(mode_config, logits, labels, key)
     solve = functools.partial(registry.allocate_with, mode_config)
     return solve(batch) if mesh is None else sharding.on_every_device(solve, mesh)(batch)
@@ -119,7 +120,8 @@ def make_train_step(model, optimizer, config, *, align: bool, mesh=None, learnin
         logits, labels, alloc, baseline_n=config.baseline_n, estimator=estimator,
         max_rollouts=_width(config, mode))
 
-  def step_fn(state, images, labels, step):
+  def step_fn(state, images, labels, step, scalars=None):
+    scalars = scalars or {}
     key = jax.random.fold_in(state.rng, step)
     keys = dict(zip(("sera", "uniform", "equalized"), jax.random.split(key, 3), strict=True))
     keys |= {mode: jax.random.fold_in(key, 3 + i) for i, mode in enumerate(allocators.MODES)}
@@ -128,10 +130,11 @@ def make_train_step(model, optimizer, config, *, align: bool, mesh=None, learnin
     log_p = oracle_log_p(logits, labels)
     exact = gradients.exact_logit_grad(logits, labels)
 
-    allocs = {} if method == "ce" else {method: allocate(method, logits, labels, keys[method])}
+    allocs = {} if method == "ce" else {
+        method: allocate(method, logits, labels, keys[method], scalars)}
     if align:
       for mode in ("sera", "uniform"):
-        allocs.setdefault(mode, allocate(mode, logits, labels, keys[mode]))
+        allocs.setdefault(mode, allocate(mode, logits, labels, keys[mode], scalars))
     sampled = {mode: realized(keys[mode], logits, labels, alloc, mode)
                for mode, alloc in allocs.items()}
 

@@ -2,10 +2,12 @@
 
 The runs of a batch share every config value that fixes a shape or the compiled program
 (the mazes and data_seed, the policy, batch_size, baseline_n, n_min, n_max, method,
-estimator, the threshold and the historical estimator, ...) and may differ in `VARIED`
-alone: the seed (initial parameters, batch order, rollouts) and the optimizer's scalars.
-Those enter as traced arrays: `optax.inject_hyperparams` keeps each run's rates, momentum,
-weight decay and clipping norm in its optimizer state. The steps are `MazeTask`'s,
+estimator, ...) and may differ in `VARIED` alone: the seed (initial parameters, batch
+order, rollouts), the optimizer's scalars and the allocation's (`registry.SCALARS`: the
+threshold, the historical estimator's discount and prior). Those enter as traced arrays:
+`optax.inject_hyperparams` keeps each run's rates, momentum, weight decay and clipping
+norm in its optimizer state, and the RL step takes each run's allocation scalars
+(`batching.allocation_scalars`) in place of the shared config's. The steps are `MazeTask`'s,
 unchanged, mapped over the runs, so run r of a batch is the run config r trains alone
 (the allocation of docs/method.md#the-waterline on docs/method.md#estimating-p's estimate),
 up to the rounding of batched arithmetic.
@@ -20,12 +22,14 @@ import numpy as np
 import optax
 
 from sera_jax.common import batching, optim, sharding
+from sera_jax.method import registry
 from sera_jax.settings.maze import task as maze_task
 
 # The optimizer's scalars, each a traced hyperparameter of the batch's optimizer.
-SCALARS = ("learning_rate", "warmup_learning_rate", "momentum", "weight_decay", "grad_clip_norm")
+OPTIMIZER_SCALARS = ("learning_rate", "warmup_learning_rate", "momentum", "weight_decay",
+                     "grad_clip_norm")
 # The config keys that may differ between the runs of a batch; any other is refused.
-VARIED = ("seed", *SCALARS)
+VARIED = ("seed", *OPTIMIZER_SCALARS, *registry.SCALARS)
 
 
 def check_batchable(configs: Sequence[ml_collections.ConfigDict]) -> None:
@@ -64,13 +68,15 @@ class BatchedMaze:
     if mesh is not None:
       batching.check_runs_divisible(len(self.configs), mesh)
     factory = _optimizer_factory(self.configs[0])
-    self._optimizers = [factory(**{name: config[name] for name in SCALARS})
+    self._optimizers = [factory(**{name: config[name] for name in OPTIMIZER_SCALARS})
                         for config in self.configs]
     # Every run's optimizer updates alike: it reads the run's scalars from its state.
     self.task = maze_task.MazeTask(self.configs[0], mesh=mesh,
-                                   optimizer=factory(**dict.fromkeys(SCALARS, 1.0)))
+                                   optimizer=factory(**dict.fromkeys(OPTIMIZER_SCALARS, 1.0)))
+    self._scalars = batching.allocation_scalars(
+        [maze_task.allocation_config(config) for config in self.configs], mesh)
     self._warmup_step = batching.map_runs(self.task.warmup_step_fn, (0, 0), mesh)
-    self._rl_step = batching.map_runs(self.task.rl_step_fn, (0, 0, None, None), mesh)
+    self._rl_step = batching.map_runs(self.task.rl_step_fn, (0, 0, None, None, 0), mesh)
     self._eval_successes = jax.jit(
         jax.vmap(self.task.eval_successes_fn, in_axes=(0, 0, None, None, None),
                  spmd_axis_name=batching.RUNS_AXIS if mesh is not None else None))
@@ -101,7 +107,7 @@ class BatchedMaze:
     new_epoch = batches[0][1]  # the step's alone: the same for every run
     if new_epoch is None:
       return self._warmup_step(states, ids)
-    return self._rl_step(states, ids, step, new_epoch)
+    return self._rl_step(states, ids, step, new_epoch, self._scalars)
 
   def evaluate(self, states: maze_task.MazeState) -> list[dict[str, float]]:
     """Each run's `MazeTask.evaluate`, every run's samples drawn in one vmapped program."""

@@ -370,14 +370,15 @@ class MazeTask:
     return state._replace(params=params, opt_state=opt_state), {"loss": loss,
                                                                 "warmup/nll": loss}
 
-  def rl_step_fn(self, state: MazeState, ids: jax.Array, step, new_epoch
+  def rl_step_fn(self, state: MazeState, ids: jax.Array, step, new_epoch, scalars=None
                  ) -> tuple[MazeState, dict]:
     """RL step (unjitted) on the batch of mazes `ids`, its rollouts drawn from
-    fold_in(state.rng, step); `new_epoch` whether the batch opens an epoch > 0."""
+    fold_in(state.rng, step); `new_epoch` whether the batch opens an epoch > 0. `scalars`
+    ({field: value} of `registry.SCALARS`; a batch's run's own) replace the config's."""
     config = self.config
     num_prompts, budget = config.batch_size, config.batch_size * config.baseline_n
-    historical, alloc, log_p = historical_allocation(self.allocation, state.historical, ids,
-                                                     new_epoch, True)
+    historical, alloc, log_p = historical_allocation(self.allocation.replace(**scalars or {}),
+                                                     state.historical, ids, new_epoch, True)
     has_estimate = historical.seen[ids]
 
     mazes = self.train_mazes[ids]
