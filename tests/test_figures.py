@@ -1,12 +1,14 @@
 """Tests of the figure experiments (sera_jax.harness.figures) and the alignment evaluator."""
 
 import argparse
+import json
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from sera_jax.common import files
+from sera_jax.harness import batched, train
 from sera_jax.harness.figures import ablations, budget, common, outcome, scale
 from sera_jax.method import success
 
@@ -138,6 +140,31 @@ def test_tune_then_repeat_tunes_on_the_first_seed_and_repeats_the_chosen_rate():
     common.tune_then_repeat(train_grid, [0.1], [3], lambda run: 0.0, num_tuning_seeds=2)
   assert common.choose_rate({0.3: 0.5, 0.1: 0.5, 0.2: 0.4}) == 0.1  # ties: the smaller rate
   assert common.choose_rate({0.1: float("nan"), 0.2: 0.0}) == 0.2  # a diverged run never wins
+
+
+@pytest.mark.parametrize("one_by_one, batches", [(False, [[1, 2]]), (True, [[1], [2]])])
+def test_a_grid_trains_as_one_batch_or_one_by_one(tmp_path, monkeypatch, one_by_one, batches):
+  """Runs done earlier are read back; the rest train as one batch, or each alone."""
+  configs = [outcome.run_config("digits", "sera", seed, 2, 0.01) for seed in range(3)]
+  workdirs = [str(tmp_path / f"seed{seed}") for seed in range(3)]
+  trained = []
+
+  def run_batch(configs_, workdirs_):
+    trained.append([workdirs.index(workdir) for workdir in workdirs_])
+    for workdir in workdirs_:
+      files.write_text(files.path(workdir) / batched.OUTCOME_FILE, json.dumps(
+          batched.RunOutcome("batch", 2, None)._asdict()))
+    return [[{"step": 0}, {"step": 1}] for _ in workdirs_]
+
+  monkeypatch.setattr(batched, "run_batch", run_batch)
+  monkeypatch.setattr(common, "refuse_other_config", lambda config, workdir: None)
+  run_batch(configs[:1], workdirs[:1])  # seed 0 finished earlier
+  trained.clear()
+  monkeypatch.setattr(train, "read_metrics", lambda workdir: [{"step": 0}, {"step": 1}])
+  runs = common.train_or_read_batch(configs, workdirs, ["a", "b", "c"], one_by_one=one_by_one)
+  assert trained == batches
+  assert [run.rows for run in runs] == [[{"step": 0}, {"step": 1}]] * 3
+  assert all(run.stopped_at is None for run in runs)
 
 
 @pytest.mark.slow

@@ -127,11 +127,12 @@ def _done(config: ml_collections.ConfigDict, workdir: str) -> TrainedRun | None:
 
 
 def train_or_read_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
-                        labels: Sequence[str]) -> list[TrainedRun]:
+                        labels: Sequence[str], *, one_by_one: bool = False) -> list[TrainedRun]:
   """The runs of `configs` (alike but in seed and optimizer scalars) in `workdirs`: read back
   when done earlier, the others trained (or resumed) as one program (`batched.run_batch`,
-  docs/training.md#sweeps-sera-jax-sweep). A workdir holding a run of another config stops
-  the figure (`refuse_other_config`)."""
+  docs/training.md#sweeps-sera-jax-sweep), or each as a batch of its own with `one_by_one`
+  (on a CPU the faster way for runs whose steps are memory-bound, docs/benchmarks.md). A
+  workdir holding a run of another config stops the figure (`refuse_other_config`)."""
   start = time.perf_counter()
   runs = []
   for config, workdir, label in zip(configs, workdirs, labels, strict=True):
@@ -140,15 +141,16 @@ def train_or_read_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: 
     if runs[-1] is not None:
       print(f"{label}: finished earlier, read {workdir}", flush=True)
   todo = [r for r, run in enumerate(runs) if run is None]
-  if todo:
+  for group in ([[r] for r in todo] if one_by_one else [todo] if todo else []):
     try:
-      rows = batched.run_batch([configs[r] for r in todo], [workdirs[r] for r in todo])
+      rows = batched.run_batch([configs[r] for r in group], [workdirs[r] for r in group])
     except ValueError as error:  # e.g. a workdir holding part of a run of no batch
       raise SystemExit(f"error: {error}") from None
-    for r, run_rows in zip(todo, rows, strict=True):
+    for r, run_rows in zip(group, rows, strict=True):
       runs[r] = TrainedRun(run_rows, batched.run_outcome(workdirs[r]).stopped_at)
-    print(f"{'; '.join(labels[r] for r in todo)}: one batch, "
+    print(f"{'; '.join(labels[r] for r in group)}: {'alone' if one_by_one else 'one batch'}, "
           f"{time.perf_counter() - start:.1f} s", flush=True)
+    start = time.perf_counter()
   return runs
 
 
@@ -272,6 +274,13 @@ def figure_parser(name: str, description: str) -> argparse.ArgumentParser:
   parser.add_argument("--out", default=OUT_DIR,
                       help=f"directory of the figure's PNG and CSV (default {OUT_DIR})")
   return parser
+
+
+def add_one_by_one(parser: argparse.ArgumentParser) -> None:
+  """--one-by-one: a figure that trains grids trains every run as a batch of its own."""
+  parser.add_argument("--one-by-one", action="store_true",
+                      help="train every run by itself instead of each grid as one batch (on a "
+                      "CPU faster for runs with many rollouts)")
 
 
 def output_paths(out: str, stem: str) -> tuple[str, str]:

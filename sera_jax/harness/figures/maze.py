@@ -83,8 +83,8 @@ def warm_start_pass_at_k(task: MazeTask, seeds) -> dict[int, list[float]]:
 REFERENCES = (WARM_START, MAZE_BLIND)  # not RL methods: no paired difference to uniform
 
 
-def tune_and_train(config, methods, seeds, learning_rates, num_tuning_seeds, workdir, start
-                   ) -> dict[str, common.TunedRuns]:
+def tune_and_train(config, methods, seeds, learning_rates, num_tuning_seeds, workdir, start,
+                   one_by_one=False) -> dict[str, common.TunedRuns]:
   """{method: its runs (the last metric row of each) at the rate chosen on validation}; each
   method's tuning grid trains as one batch, then its other seeds as another."""
   tuned = {}
@@ -96,7 +96,7 @@ def tune_and_train(config, methods, seeds, learning_rates, num_tuning_seeds, wor
       labels = [f"{method} lr {rate:g} seed {seed}" for rate, seed in points]
       trained = common.train_or_read_batch(
           runs, [os.fspath(workdir / f"{method}-lr{rate:g}-seed{seed}") for rate, seed in points],
-          labels)
+          labels, one_by_one=one_by_one)
       lasts = []
       for label, run in zip(labels, trained, strict=True):
         if run.stopped_at is not None:
@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
                       help="the grid each method chooses its RL rate from")
   parser.add_argument("--methods", nargs="+", default=["sera", "uniform", "grpo"])
   parser.add_argument("--workdir", default=None, help="default runs/maze_passk[_tiny]")
+  common.add_one_by_one(parser)
   args = parser.parse_args(argv)
   if not 1 <= args.tuning_seeds <= args.seeds:
     parser.error("--tuning-seeds must be in [1, --seeds]")
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
   results = {WARM_START: warm_start_pass_at_k(task, seeds),
              MAZE_BLIND: dict.fromkeys(seeds, blind)}
   tuned = tune_and_train(config, args.methods, seeds, sorted(set(args.learning_rates)),
-                         args.tuning_seeds, workdir, start)
+                         args.tuning_seeds, workdir, start, args.one_by_one)
   results |= {method: {seed: [row[f"pass@{k}"] for k in PASS_AT_K]
                        for seed, row in runs.runs.items()} for method, runs in tuned.items()}
   stem = NAME + "_tiny" * args.tiny

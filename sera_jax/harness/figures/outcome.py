@@ -71,7 +71,7 @@ def run_config(dataset: str, method: str, seed: int, num_steps: int, learning_ra
 
 
 def train_all(datasets: dict[str, int], methods, seeds, workdir_root: str,
-              learning_rates: dict[str, tuple[float, ...]]) -> dict:
+              learning_rates: dict[str, tuple[float, ...]], one_by_one: bool = False) -> dict:
   """{(dataset, method): common.TunedRuns} whose runs are the last metric row of a run."""
   results = {}
   for dataset, num_steps in datasets.items():
@@ -82,7 +82,8 @@ def train_all(datasets: dict[str, int], methods, seeds, workdir_root: str,
             for rate, seed in points]
         runs = common.train_or_read_batch(
             [run_config(dataset, method, seed, num_steps, rate) for rate, seed in points],
-            workdirs, [f"{dataset} {method} lr {rate:g} seed {seed}" for rate, seed in points])
+            workdirs, [f"{dataset} {method} lr {rate:g} seed {seed}" for rate, seed in points],
+            one_by_one=one_by_one)
         return [run.rows[-1] if run.stopped_at is None else common.nan_scores(PASS_AT_K)
                 for run in runs]
 
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
                       + "; ".join(f"{name} {list(d.learning_rates)}" for name, d in
                                   DATASETS.items()) + ")")
   parser.add_argument("--workdir-root", default="runs/training_outcome")
+  common.add_one_by_one(parser)
   args = parser.parse_args(argv)
   steps = {name: DATASETS[name].num_steps for name in args.datasets}
   for spec in args.num_steps:
@@ -170,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
            for name in steps}
 
   start = time.perf_counter()
-  results = train_all(steps, args.methods, args.seeds, args.workdir_root, rates)
+  results = train_all(steps, args.methods, args.seeds, args.workdir_root, rates, args.one_by_one)
   png, csv = common.output_paths(args.out, NAME)
   _, rates_csv = common.output_paths(args.out, RATES_NAME)
   write_csv(results, args.seeds, csv)

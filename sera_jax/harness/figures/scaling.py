@@ -78,7 +78,8 @@ def _curves(rows, diverged) -> dict:
   return curves
 
 
-def train_all(methods, baselines, seeds, learning_rates, num_steps, eval_every, workdir_root):
+def train_all(methods, baselines, seeds, learning_rates, num_steps, eval_every, workdir_root,
+              one_by_one=False):
   """{(method, N0): common.TunedRuns} whose runs are {"step": [...], "pass@1": [...],
   "pass@256": [...], "validation/pass@k": final value, "diverged"}, where step counts the
   steps trained before each evaluation and "diverged" is the step whose update went
@@ -97,7 +98,7 @@ def train_all(methods, baselines, seeds, learning_rates, num_steps, eval_every, 
                   for rate, seed in points]
         runs = common.train_or_read_batch(
             [run_config(method, baseline_n or min(baselines), seed, num_steps, eval_every, rate)
-             for rate, seed in points], workdirs, labels)
+             for rate, seed in points], workdirs, labels, one_by_one=one_by_one)
         for label, run in zip(labels, runs, strict=True):
           if run.stopped_at is not None:  # a result: kept up to the step that failed
             print(f"{label}: diverged at step {run.stopped_at}", flush=True)
@@ -288,6 +289,7 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--num-steps", type=int, default=2000)
   parser.add_argument("--eval-every", type=int, default=100)
   parser.add_argument("--workdir-root", default="runs/budget_scaling")
+  common.add_one_by_one(parser)
   args = parser.parse_args(argv)
   if args.num_steps < 1 or not 1 <= args.eval_every <= args.num_steps:
     parser.error("--num-steps must be >= 1 and --eval-every in [1, num-steps]")
@@ -299,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.error("--seeds must be distinct and >= 0")
   start = time.perf_counter()
   results = train_all(args.methods, args.baselines, args.seeds, sorted(set(args.learning_rates)),
-                      args.num_steps, args.eval_every, args.workdir_root)
+                      args.num_steps, args.eval_every, args.workdir_root, args.one_by_one)
   png, csv = common.output_paths(args.out, NAME)
   rates_png, rates_csv = common.output_paths(args.out, RATES_NAME)
   write_csv(results, args.seeds, csv)
