@@ -27,8 +27,10 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 timeout 290 python3 benchmarks/run.py --batch 32 --rounds 5 --repeats 10 "$@"
 
 # R = 10 seeds as one vmapped program against the same runs one after another, in one process:
-# the digits MLP, the small CNN and the maze policy (sera_jax.harness.batched).
-timeout 590 python3 benchmarks/sweep.py --runs 10 --steps 100 --maze-steps 20
+# the digits MLP, the small CNN, the maze policy and budget scaling's SERA run at N0 = 1024
+# (sera_jax.harness.batched).
+timeout 590 python3 benchmarks/sweep.py --models mlp small_cnn maze n0_1024 --runs 10 --steps 100 \
+  --maze-steps 20
 
 # A convolution vmapped over R = 10 runs' kernels (a grouped convolution) against one run after
 # another, and the same as patches times the kernel: why the CNN's batch is slow on a CPU.

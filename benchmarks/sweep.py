@@ -5,13 +5,14 @@ one after another (`ClassificationTask`, `MazeTask`: each run its own jitted ste
 as one batch (`BatchedClassification`, `BatchedMaze`: one jitted step vmapped over the
 runs). The digits MLP and the small CNN are the default classification config's models
 (--steps steps); "maze" is the maze config's policy in its RL steps (warmup_steps = 0, so
-one program; --maze-steps steps). The first step of each program is timed apart as its compile (the
+one program; --maze-steps steps); "n0_1024" is budget scaling's SERA run at N0 = 1024
+(synthetic1000, 128 prompts of up to 4096 rollouts; --maze-steps steps). The first step of each program is timed apart as its compile (the
 sequential runs compile R times: each run's rates are its own constants). The table gives
 the seconds a run of the steps after the first, and the ratio sequential / batched of the
 whole R runs, with and without compiling.
 
-  python benchmarks/sweep.py [--models mlp small_cnn maze] [--runs 10] [--steps 200]
-                             [--maze-steps 20]
+  python benchmarks/sweep.py [--models mlp small_cnn maze n0_1024] [--runs 10]
+                             [--steps 200] [--maze-steps 20]
 """
 
 import argparse
@@ -20,6 +21,7 @@ import time
 import jax
 
 from sera_jax.harness import configs
+from sera_jax.harness.figures import scaling
 from sera_jax.settings.classification.batched import BatchedClassification
 from sera_jax.settings.classification.task import ClassificationTask
 from sera_jax.settings.maze.batched import BatchedMaze
@@ -31,6 +33,8 @@ SETTINGS = {"classification": (ClassificationTask, BatchedClassification),
 
 
 def _config(model: str, seed: int, steps: int):
+  if model == "n0_1024":
+    return scaling.run_config("sera", 1024, seed, steps, steps, learning_rate=0.05)
   if model == "maze":
     config = configs.load("maze")
     config.update(seed=seed, num_steps=steps, warmup_steps=0)
@@ -82,7 +86,7 @@ def main(argv=None) -> None:
   print(f"{'model':<10} {'s/run seq':>10} {'s/run batch':>12} {'ratio':>7} "
         f"{'compile seq':>12} {'compile batch':>14} {'ratio w/ compile':>17}")
   for model in args.models:
-    steps = args.maze_steps if model == "maze" else args.steps
+    steps = args.maze_steps if model in ("maze", "n0_1024") else args.steps
     t = measure(model, args.runs, steps)
     total_seq = t["sequential_first"] + t["sequential_rest"]
     total_batch = t["batched_first"] + t["batched_rest"]

@@ -387,6 +387,8 @@ def test_the_sweep_benchmark_times_both_ways():
   seconds = benchmark.measure("mlp", runs=2, steps=2)
   assert set(seconds) == {"sequential_first", "sequential_rest", "batched_first", "batched_rest"}
   assert all(value > 0 for value in seconds.values())
+  large = benchmark._config("n0_1024", 1, 2)  # budget scaling's largest SERA run
+  assert (large.baseline_n, large.n_max, large.seed) == (1024, 4096, 1)
 
 
 def test_sweep_batches_the_runs_that_differ_in_varied_keys_alone(tmp_path, monkeypatch):

@@ -128,7 +128,7 @@ def _done(config: ml_collections.ConfigDict, workdir: str) -> TrainedRun | None:
 
 def train_or_read_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
                         labels: Sequence[str], *, one_by_one: bool = False) -> list[TrainedRun]:
-  """The runs of `configs` (alike but in seed and optimizer scalars) in `workdirs`: read back
+  """The runs of `configs` (alike but in the keys a batch may vary) in `workdirs`: read back
   when done earlier, the others trained (or resumed) as one program (`batched.run_batch`,
   docs/training.md#sweeps-sera-jax-sweep), or each as a batch of its own with `one_by_one`
   (on a CPU the faster way for runs whose steps are memory-bound, docs/benchmarks.md). A
