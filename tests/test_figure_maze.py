@@ -47,9 +47,21 @@ def test_maze_figure_smoke_and_its_cache_refuses_a_run_of_another_config(tmp_pat
   assert "share their shortest path" in out and "every method scores 0" in out
   # A changed default makes the cached runs another config's: refused, not read back.
   load_config = maze.load_config
-  monkeypatch.setattr(maze, "load_config", lambda tiny: _more_eval_samples(load_config(tiny)))
+  monkeypatch.setattr(maze, "load_config",
+                      lambda *args: _more_eval_samples(load_config(*args)))
   with pytest.raises(SystemExit, match="different config \\(eval_samples differ\\)"):
     maze.main(args)
+  monkeypatch.undo()
+  # So is a run of another maze size: --maze-size reaches every run's config.
+  with pytest.raises(SystemExit, match="different config \\(maze_size differ\\)"):
+    maze.main(args + ["--maze-size", "11"])
+
+
+def test_the_maze_size_must_be_odd_and_at_least_5(capsys):
+  for size in ("8", "3"):
+    with pytest.raises(SystemExit):
+      maze.main(["--maze-size", size])
+    assert "--maze-size: size must be" in capsys.readouterr().err
 
 
 def _more_eval_samples(config):

@@ -15,6 +15,8 @@ in the choice.
 
   sera-jax figure maze            # CPU config, 3 methods x 4 rates x 2 tuning seeds, 10 seeds
   sera-jax figure maze --tiny     # a smoke run (a few minutes)
+  sera-jax figure maze --maze-size 13 --workdir runs/maze_passk_13 --out figures_13
+                                  # 13x13 mazes: 196 distinct training solutions, not 40
 
 Writes maze_passk.png and maze_passk.csv (mean, std, 95% interval and every
 seed's value at the chosen rates, and the paired differences to uniform) and
@@ -37,6 +39,7 @@ from sera_jax.common import files
 from sera_jax.common.plots import plt, save_figure
 from sera_jax.harness import configs
 from sera_jax.harness.figures import common
+from sera_jax.settings.maze import env as maze_env
 from sera_jax.settings.maze.task import PASS_AT_K, MazeTask, replay_pass_at_k
 
 NAME = "maze_passk"
@@ -48,9 +51,11 @@ VALIDATION_MAZES = 64
 CHOSEN_BY = 16  # the rate of the best validation pass@16
 
 
-def load_config(tiny: bool):
+def load_config(tiny: bool, maze_size: int | None = None):
   config = configs.load("maze")
   config.num_validation_mazes = VALIDATION_MAZES
+  if maze_size is not None:
+    config.maze_size = maze_size
   if tiny:  # a smoke run of the pipeline: small mazes, a small policy, few steps
     config.update(dict(dim=32, num_layers=1, num_heads=2, num_train_mazes=32, batch_size=8,
                        num_eval_mazes=8, num_validation_mazes=8, eval_batch_size=8,
@@ -146,6 +151,10 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--learning-rates", nargs="+", type=float, default=list(LEARNING_RATES),
                       help="the grid each method chooses its RL rate from")
   parser.add_argument("--methods", nargs="+", default=["sera", "uniform", "grpo"])
+  parser.add_argument("--maze-size", type=int, default=None,
+                      help="odd side of the mazes (default the config's, 9). At 9x9 the 256 "
+                      "training mazes have only 40 distinct solutions, so replaying them earns "
+                      "the training reward; at 13x13 they have 196 (see docs/figures.md)")
   parser.add_argument("--workdir", default=None, help="default runs/maze_passk[_tiny]")
   common.add_one_by_one(parser)
   args = parser.parse_args(argv)
@@ -153,7 +162,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.error("--tuning-seeds must be in [1, --seeds]")
   if not all(rate > 0 for rate in args.learning_rates):
     parser.error("every learning rate must be > 0")
-  config = load_config(args.tiny)
+  if args.maze_size is not None:
+    try:
+      maze_env.check_size(args.maze_size)
+    except ValueError as error:
+      parser.error(f"--maze-size: {error}")
+  config = load_config(args.tiny, args.maze_size)
   workdir = files.path(args.workdir or "runs/" + NAME + "_tiny" * args.tiny)
   seeds = list(range(args.seeds))
   start = time.time()
