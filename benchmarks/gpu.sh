@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark tables of benchmarks/run.py (in under 5 minutes), benchmarks/sweep.py (in
-# under 10) and benchmarks/conv_batching.py (in under 1) on one NVIDIA GPU.
+# under 10), benchmarks/conv_batching.py and benchmarks/step_parts.py (in under 1 each) on one
+# NVIDIA GPU.
 #
 #   bash benchmarks/gpu.sh [extra benchmarks/run.py flags]
 #
@@ -35,3 +36,7 @@ timeout 590 python3 benchmarks/sweep.py --models mlp small_cnn maze n0_1024 --ru
 # A convolution vmapped over R = 10 runs' kernels (a grouped convolution) against one run after
 # another, and the same as patches times the kernel: why the CNN's batch is slow on a CPU.
 timeout 60 python3 benchmarks/conv_batching.py
+
+# Each part of the digits MLP's step (the network's passes, the allocation, the sampling)
+# vmapped over R = 10 runs against one run after another: where a batch gains.
+timeout 60 python3 benchmarks/step_parts.py

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
@@ -15,7 +16,7 @@ from sera_jax.common import batching
 from sera_jax.harness import batched as harness_batched
 from sera_jax.harness import configs, sweep, train
 from sera_jax.harness.configs import default
-from sera_jax.settings.classification import batched, task
+from sera_jax.settings.classification import batched, gradients, task
 from sera_jax.settings.maze import batched as maze_batched
 from sera_jax.settings.maze import task as maze_task
 
@@ -115,6 +116,51 @@ def test_seeds_and_optimizer_and_allocation_scalars_may_differ():
   batched.check_batchable(configs)  # does not raise
   with pytest.raises(ValueError, match="at least one config"):
     batched.check_batchable([])
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_cond_any_computes_a_batch_branch_only_when_some_run_needs_it(jit):
+  calls = []
+
+  def compute(x):
+    jax.debug.callback(lambda: calls.append(None))
+    return x + 1.0
+
+  def one_run(needed, x):
+    return batching.cond_any(needed, compute, jnp.zeros_like, x)
+
+  runs, nested = jax.vmap(one_run), jax.vmap(jax.vmap(one_run))
+  if jit:
+    runs, nested = jax.jit(runs), jax.jit(nested)
+  x = jnp.arange(6.0).reshape(2, 3)
+  none = jnp.zeros((2, 3), bool)
+  for mapped in (runs, nested):
+    # A vmapped lax.cond would run `compute` (its callback) for every run here.
+    np.testing.assert_array_equal(mapped(none, x), np.zeros((2, 3)))
+    jax.effects_barrier()
+    assert not calls
+    np.testing.assert_array_equal(mapped(none.at[1, 2].set(True), x), x + 1)
+    jax.effects_barrier()
+    assert calls
+    calls.clear()
+
+
+def test_a_batch_draws_a_runs_tail_words_as_the_run_alone():
+  """One run's first word is all zeros: the batch draws every run's tail words, and
+  each run's log U is still its own."""
+  leading = jax.random.bits(jax.random.key(0), (3, 64), jnp.uint32).at[1, 5].set(0)
+  mantissa = jax.random.bits(jax.random.key(1), (3, 64), jnp.uint32)
+  tail_keys = jax.random.split(jax.random.key(2), 3)
+  draw_tail = lambda key: jax.random.bits(key, (64, 3), jnp.uint32)  # noqa: E731
+
+  def log_u(leading, mantissa, tail_key):
+    return gradients._log_uniform_from_bits(leading, mantissa, draw_tail, tail_key,
+                                            jnp.float32)
+
+  together = jax.jit(jax.vmap(log_u))(leading, mantissa, tail_keys)
+  for r in range(3):
+    np.testing.assert_array_equal(together[r], log_u(leading[r], mantissa[r], tail_keys[r]))
+  assert together[1, 5] < -32 * np.log(2.0)  # the tail's zeros were counted
 
 
 @pytest.mark.slow

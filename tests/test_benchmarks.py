@@ -14,6 +14,7 @@ import jax.numpy as jnp  # noqa: E402
 import llm_memory  # noqa: E402
 import memory  # noqa: E402
 import run as benchmark_table  # noqa: E402
+import step_parts  # noqa: E402
 from tunix.models.qwen3 import model as qwen3  # noqa: E402
 
 from sera_jax.harness import configs  # noqa: E402
@@ -34,6 +35,13 @@ def test_conv_batching_times_two_ways_of_one_convolution():
                       conv_batching.convolution(images, kernel), rtol=1e-4, atol=1e-3)
   times = conv_batching.measure(runs=2, batch=2, repeats=1)
   assert set(times) == {"convolution", "patches x kernel"}
+  assert all(seconds > 0 for pair in times.values() for seconds in pair)
+
+
+def test_step_parts_times_every_part_both_ways():
+  times = step_parts.measure(runs=2, repeats=1)
+  assert set(times) == {"forward + 5 backward passes", "SERA allocation",
+                        "SERA allocation + rollouts", "uniform rollouts"}
   assert all(seconds > 0 for pair in times.values() for seconds in pair)
 
 

@@ -141,9 +141,9 @@ def test_log_uniform_after_an_all_zero_first_word_continues_the_uniform_law():
   draws = 400_000
   leading = jnp.zeros(draws, jnp.uint32)
   mantissa = jax.random.bits(jax.random.key(1), (draws,), jnp.uint32)
-  tail_words = lambda: jax.random.bits(jax.random.key(2), (draws, 3), jnp.uint32)  # noqa: E731
+  draw_tail = lambda key: jax.random.bits(key, (draws, 3), jnp.uint32)  # noqa: E731
   log_u = np.asarray(gradients._log_uniform_from_bits(
-      leading, mantissa, tail_words, jnp.float32), np.float64)
+      leading, mantissa, draw_tail, jax.random.key(2), jnp.float32), np.float64)
   rescaled = log_u + 32 * np.log(2.0)
   assert rescaled.max() < 0
   assert abs(rescaled.mean() + 1) < 4 / np.sqrt(draws)

@@ -14,7 +14,7 @@ pod trains its grid as one program with each run's data on its own devices; the 
 "runs" in every sharding constraint inside the step.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -57,6 +57,32 @@ def check_batchable(configs: Sequence[ml_collections.ConfigDict], varied: Sequen
             f"config.{key} differs between runs ({first.get(key)!r} in run 0, "
             f"{other.get(key)!r} in run {r}); the runs of a batch may differ only in "
             f"{', '.join(varied)}.")
+
+
+def cond_any(needed: jax.Array, compute: Callable, fallback: Callable, *operands: Any) -> Any:
+  """`compute(*operands)` when any entry of `needed` holds, else `fallback(*operands)`.
+
+  For a costly branch that is rarely needed: `fallback` must agree with `compute`
+  wherever the caller reads the result when no entry of `needed` holds. Under
+  `jax.vmap` a `lax.cond` on a mapped predicate becomes a select that computes both
+  branches for every mapped slice; here the predicate is reduced over the mapped axis
+  as well, so a batch of runs computes `compute` (for all of them) only when some run
+  needs it, as a run alone does. Nested vmaps reduce over every mapped axis.
+  """
+
+  @jax.custom_batching.custom_vmap
+  def branch(needed, *operands):
+    return jax.lax.cond(jnp.any(needed), compute, fallback, *operands)
+
+  @branch.def_vmap
+  def mapped_branch(axis_size, in_batched, needed, *operands):
+    _, *operands_batched = in_batched  # `needed` is reduced whether or not it is mapped
+    in_axes = jax.tree.map(lambda batched: 0 if batched else None, tuple(operands_batched))
+    out = cond_any(needed, jax.vmap(compute, in_axes=in_axes, axis_size=axis_size),
+                   jax.vmap(fallback, in_axes=in_axes, axis_size=axis_size), *operands)
+    return out, jax.tree.map(lambda _: True, out)
+
+  return branch(needed, *operands)
 
 
 def stack(trees: Sequence[Any]) -> Any:

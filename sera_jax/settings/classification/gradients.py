@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sera_jax.common import batching
 from sera_jax.method import estimators, success, validation
 from sera_jax.method.allocation import Allocation
 
@@ -71,33 +72,36 @@ def log_uniform(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> ja
   """
   head_key, tail_key = jax.random.split(key)
   leading, mantissa = jax.random.bits(head_key, (2, *shape), jnp.uint32)
-  tail_words = lambda: jax.random.bits(tail_key, (*shape, _TAIL_WORDS), jnp.uint32)  # noqa: E731
-  return _log_uniform_from_bits(leading, mantissa, tail_words, dtype)
+  draw_tail = lambda tail_key: jax.random.bits(  # noqa: E731
+      tail_key, (*shape, _TAIL_WORDS), jnp.uint32)
+  return _log_uniform_from_bits(leading, mantissa, draw_tail, tail_key, dtype)
 
 
-def _log_uniform_from_bits(leading, mantissa, tail_words, dtype):
+def _log_uniform_from_bits(leading, mantissa, draw_tail, tail_keys, dtype):
   """`log_uniform` from U's first 32 bits and 32 mantissa bits.
 
-  `tail_words()` gives [..., _TAIL_WORDS] more words of U's expansion; it is
-  called (its draws made) only when some first word is all zeros.
+  `draw_tail(tail_keys)` gives [..., _TAIL_WORDS] more words of U's expansion; it is
+  called (its draws made) only when some first word is all zeros, and in a batch of
+  runs only when some run's is (`batching.cond_any`).
   """
   exhausted = leading == 0
-  tail = jax.lax.cond(jnp.any(exhausted), lambda: _leading_zeros(tail_words()),
-                      lambda: jnp.zeros(leading.shape, jnp.int32))
+  tail = batching.cond_any(exhausted, lambda keys: _leading_zeros(draw_tail(keys)),
+                           lambda keys: jnp.zeros(leading.shape, jnp.int32), tail_keys)
   zeros = (jax.lax.clz(leading).astype(jnp.int32) + jnp.where(exhausted, tail, 0)).astype(dtype)
   # v = 1/2 + m 2^-24 is exact in the dtype, so log v < 0 keeps every digit near U = 1.
   halves = 0.5 + (mantissa >> 9).astype(dtype) * (2.0**-24)
   return jnp.log(halves) - zeros * np.log(2.0).astype(dtype)
 
 
-def _slot_words(key: jax.Array, width: int, words: int) -> jax.Array:
-  """uint32 [width, words] for the slots of one prompt: row j depends on (key, j) only.
+def _slot_words(prompt_keys: jax.Array, width: int, words: int) -> jax.Array:
+  """uint32 [M, width, words] for the slots of M prompts: row j of prompt q depends on
+  (prompt_keys[q], j) only.
 
-  Under partitionable threefry (which `sample_rollouts` forces) the rows of a
-  [width, words] draw are counted in order, so a narrower width draws a prefix
-  of a wider one's rows.
+  Under partitionable threefry (forced here) the rows of a [width, words] draw are
+  counted in order, so a narrower width draws a prefix of a wider one's rows.
   """
-  return jax.random.bits(key, (width, words), jnp.uint32)
+  with jax.threefry_partitionable(True):
+    return jax.vmap(lambda key: jax.random.bits(key, (width, words), jnp.uint32))(prompt_keys)
 
 
 def _sample_group(log_probs, label, count, log_u, label_u):
@@ -148,11 +152,9 @@ def sample_rollouts(key: jax.Array, logits: jax.Array, labels: jax.Array, counts
     prompt_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(
         key, jnp.arange(logits.shape[0]))
     head_keys, tail_keys = jax.vmap(jax.random.split, out_axes=1)(prompt_keys)
-    leading, mantissa, label_bits = jnp.moveaxis(
-        jax.vmap(_slot_words, in_axes=(0, None, None))(head_keys, max_rollouts, 3), -1, 0)
-    tail_words = lambda: jax.vmap(_slot_words, in_axes=(0, None, None))(  # noqa: E731
-        tail_keys, max_rollouts, _TAIL_WORDS)
-    log_u = _log_uniform_from_bits(leading, mantissa, tail_words, log_probs.dtype)
+  leading, mantissa, label_bits = jnp.moveaxis(_slot_words(head_keys, max_rollouts, 3), -1, 0)
+  draw_tail = lambda tail_keys: _slot_words(tail_keys, max_rollouts, _TAIL_WORDS)  # noqa: E731
+  log_u = _log_uniform_from_bits(leading, mantissa, draw_tail, tail_keys, log_probs.dtype)
   label_u = (label_bits >> 8).astype(log_probs.dtype) * (2.0**-24)  # Uniform[0, 1), 24 bits
   return jax.vmap(_sample_group)(log_probs, labels, counts, log_u, label_u)
 
