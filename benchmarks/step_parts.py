@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from sera_jax.harness import configs
-from sera_jax.method import registry
+from sera_jax.method import allocation, registry
 from sera_jax.settings.classification import allocations, gradients
 from sera_jax.settings.classification.task import ClassificationTask
 
@@ -57,9 +57,10 @@ def _parts(task: ClassificationTask):
                                                                   key))
 
   def rollouts(mode, logits, labels, key):
-    width = modes[mode].n_max if mode == "sera" else config.baseline_n
+    width = allocation.max_count(mode, baseline_n=config.baseline_n, n_max=config.n_max)
     return gradients.sample_and_score(key, logits, labels, allocate(mode, logits, labels, key),
-                                      baseline_n=config.baseline_n, estimator="maxrl",
+                                      baseline_n=config.baseline_n,
+                                      estimator=modes[mode].estimator_spec,
                                       max_rollouts=width)[0]
 
   return {
