@@ -196,3 +196,21 @@ def test_training_outcome_smoke_and_its_cache_refuses_a_run_of_another_config(tm
       num_validation=200))
   with pytest.raises(SystemExit, match="different config \\(dataset_kwargs differ\\)"):
     outcome.main(args)
+
+
+def test_a_pass_at_k_csv_reads_back_as_the_results_it_was_written_from(tmp_path):
+  seeds, ks = [0, 3], [1, 2, 4]
+  results = {"warm start": {0: [0.1, 0.2, 0.3], 3: [0.0, 0.05, 0.1]},
+             "sera": {0: [0.25, 0.5, 0.75], 3: [0.125, 0.25, 0.5]},
+             "uniform": {0: [0.2, 0.4, 0.6], 3: [0.1, 0.2, 0.4]}}
+  path = str(tmp_path / "passk.csv")
+  common.write_pass_at_k_csv(results, seeds, ks, path, exclude=["warm start"])
+  assert any(common.DIFFERENCE in row["method"] for row in files.read_csv(path))
+  assert common.read_pass_at_k_csv(path) == (results, seeds, ks)
+
+
+def test_a_csv_of_differences_alone_is_refused(tmp_path):
+  path = tmp_path / "passk.csv"
+  files.write_csv(path, [{"method": "sera - uniform", "k": 1, "seed0": 0.1}])
+  with pytest.raises(ValueError, match="no method's pass@k"):
+    common.read_pass_at_k_csv(str(path))

@@ -425,6 +425,9 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 # ----------------------------------------------------------------------------- pass@k figures
 
 
+DIFFERENCE = " - "  # joins a method and its baseline in the name of their paired difference
+
+
 def paired_differences(results: Mapping[str, Mapping[int, Sequence[float]]], seeds: Sequence[int],
                        *, baseline: str = "uniform", exclude: Sequence[str] = ()
                        ) -> dict[str, np.ndarray]:
@@ -433,7 +436,7 @@ def paired_differences(results: Mapping[str, Mapping[int, Sequence[float]]], see
   if baseline not in results:
     return {}
   reference = np.array([results[baseline][s] for s in seeds])
-  return {f"{method} - {baseline}": np.array([per_seed[s] for s in seeds]) - reference
+  return {f"{method}{DIFFERENCE}{baseline}": np.array([per_seed[s] for s in seeds]) - reference
           for method, per_seed in results.items() if method not in (baseline, *exclude)}
 
 
@@ -446,6 +449,23 @@ def write_pass_at_k_csv(results, seeds: Sequence[int], ks: Sequence[int], path: 
   rows += [row for name, values in paired_differences(results, seeds, exclude=exclude).items()
            for row in per_seed_rows({"method": name}, values, seeds, ks, digits=4)]
   files.write_csv(path, rows)
+
+
+def read_pass_at_k_csv(path: str) -> tuple[dict[str, dict[int, list[float]]], list[int], list[int]]:
+  """The (results, seeds, ks) that `write_pass_at_k_csv` wrote to `path`, its paired
+  differences left out (they follow from the results): a figure's methods trained in
+  separate processes or on separate machines combine by reading each one's CSV back."""
+  rows = [row for row in files.read_csv(path) if DIFFERENCE not in row["method"]]
+  if not rows:
+    raise ValueError(f"{path} holds no method's pass@k.")
+  seeds = [int(column.removeprefix("seed")) for column in rows[0] if column.startswith("seed")]
+  ks = list(dict.fromkeys(int(row["k"]) for row in rows))
+  results: dict[str, dict[int, list[float]]] = {}
+  for row in rows:
+    per_seed = results.setdefault(row["method"], {seed: [] for seed in seeds})
+    for seed in seeds:
+      per_seed[seed].append(float(row[f"seed{seed}"]))
+  return results, seeds, ks
 
 
 def plot_pass_at_k(results, seeds: Sequence[int], ks: Sequence[int], path: str, *, title: str,
