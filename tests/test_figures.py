@@ -214,3 +214,18 @@ def test_a_csv_of_differences_alone_is_refused(tmp_path):
   files.write_csv(path, [{"method": "sera - uniform", "k": 1, "seed0": 0.1}])
   with pytest.raises(ValueError, match="no method's pass@k"):
     common.read_pass_at_k_csv(str(path))
+
+
+@pytest.mark.parametrize("methods, paired", [(["warm start", "grpo"], False),
+                                             (["warm start", "grpo", "uniform"], True)])
+def test_pass_at_k_outputs_show_paired_differences_only_when_there_are_some(
+    tmp_path, recwarn, methods, paired):
+  seeds, ks = [0, 1], [1, 2]
+  results = {method: {seed: [0.1 * seed + 0.01 * i, 0.2 + 0.01 * i] for seed in seeds}
+             for i, method in enumerate(methods)}
+  tables = common.pass_at_k_tables(results, seeds, ks, exclude=["warm start"])
+  assert ("grpo - uniform" in tables) == ("paired by seed" in tables) == paired
+  common.plot_pass_at_k(results, seeds, ks, str(tmp_path / "passk.png"), title="t",
+                        what="mazes", exclude=["warm start"])
+  assert (tmp_path / "passk.png").exists()
+  assert not [w for w in recwarn if "legend" in str(w.message)]  # no empty panel

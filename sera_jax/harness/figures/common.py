@@ -471,20 +471,26 @@ def read_pass_at_k_csv(path: str) -> tuple[dict[str, dict[int, list[float]]], li
 def plot_pass_at_k(results, seeds: Sequence[int], ks: Sequence[int], path: str, *, title: str,
                    what: str, styles: Mapping[str, Mapping[str, Any]] | None = None,
                    exclude: Sequence[str] = ()) -> None:
-  """Left: pass@k (mean ± std over seeds) per method; right: the paired differences to
-  uniform with their 95% intervals. `what` names the evaluation set."""
-  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  """Left: pass@k (mean ± std over seeds) per method; right, when uniform and another
+  method are in `results`: the paired differences to uniform with their 95% intervals.
+  `what` names the evaluation set."""
+  differences = paired_differences(results, seeds, exclude=exclude)
+  fig, axes = plt.subplots(1, 1 + bool(differences), figsize=(5.5 + 5.5 * bool(differences), 4),
+                           squeeze=False)
+  left = axes[0, 0]
   for method, per_seed in results.items():
     values = np.array([per_seed[s] for s in seeds])
     left.errorbar(ks, values.mean(0), yerr=values.std(0), marker="o", capsize=3, label=method,
                   **(styles or {}).get(method, {}))
-  for name, diff in paired_differences(results, seeds, exclude=exclude).items():
-    mean, half = mean_interval(diff, axis=0)
-    right.errorbar(ks, mean, yerr=half, marker="o", capsize=3, label=name)
-  right.axhline(0.0, color="black", linewidth=0.8)
   left.set(ylabel=f"pass@k ({what}, mean ± std)")
-  right.set(ylabel="pass@k difference, paired by seed (95% CI)")
-  for axis in (left, right):
+  if differences:
+    right = axes[0, 1]
+    for name, diff in differences.items():
+      mean, half = mean_interval(diff, axis=0)
+      right.errorbar(ks, mean, yerr=half, marker="o", capsize=3, label=name)
+    right.axhline(0.0, color="black", linewidth=0.8)
+    right.set(ylabel="pass@k difference, paired by seed (95% CI)")
+  for axis in axes[0]:
     axis.set_xscale("log", base=2)
     axis.set_xlabel("k")
     axis.grid(alpha=0.3)
@@ -497,7 +503,7 @@ def plot_pass_at_k(results, seeds: Sequence[int], ks: Sequence[int], path: str, 
 def pass_at_k_tables(results, seeds: Sequence[int], ks: Sequence[int], *,
                      exclude: Sequence[str] = ()) -> str:
   """Markdown tables: pass@k mean ± std per method, then the paired differences to uniform
-  (mean ± 95% interval half-width)."""
+  (mean ± 95% interval half-width) when there are any."""
   def table(rows, number):
     lines = [f"| | {' | '.join(f'pass@{k}' for k in ks)} |", f"|---|{'---|' * len(ks)}"]
     for name, (centre, spread) in rows.items():
@@ -510,5 +516,7 @@ def pass_at_k_tables(results, seeds: Sequence[int], ks: Sequence[int], *,
             for method, per_seed in results.items()}
   paired = {name: mean_interval(diff, axis=0)
             for name, diff in paired_differences(results, seeds, exclude=exclude).items()}
+  if not paired:
+    return table(spread, "{:.3f}")
   return (table(spread, "{:.3f}") + "\n\npaired by seed, mean and 95% interval:\n"
           + table(paired, "{:+.3f}"))
