@@ -495,7 +495,7 @@ def plot_pass_at_k(results, seeds: Sequence[int], ks: Sequence[int], path: str, 
     axis.set_xlabel("k")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-  fig.suptitle(textwrap.fill(title, 150), fontsize=9)  # a long title would be clipped
+  fig.suptitle(textwrap.fill(title, 75 * axes.shape[1]), fontsize=9)  # a long one is clipped
   fig.tight_layout()
   save_figure(fig, path, dpi=120)
 
