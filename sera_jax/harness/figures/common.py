@@ -475,8 +475,8 @@ def plot_pass_at_k(results, seeds: Sequence[int], ks: Sequence[int], path: str, 
   method are in `results`: the paired differences to uniform with their 95% intervals.
   `what` names the evaluation set."""
   differences = paired_differences(results, seeds, exclude=exclude)
-  fig, axes = plt.subplots(1, 1 + bool(differences), figsize=(5.5 + 5.5 * bool(differences), 4),
-                           squeeze=False)
+  panels = 1 + bool(differences)
+  fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
   left = axes[0, 0]
   for method, per_seed in results.items():
     values = np.array([per_seed[s] for s in seeds])
@@ -495,7 +495,7 @@ def plot_pass_at_k(results, seeds: Sequence[int], ks: Sequence[int], path: str, 
     axis.set_xlabel("k")
     axis.grid(alpha=0.3)
     axis.legend(fontsize=8)
-  fig.suptitle(textwrap.fill(title, 75 * axes.shape[1]), fontsize=9)  # a long one is clipped
+  fig.suptitle(textwrap.fill(title, 75 * panels), fontsize=9)  # a long one is clipped
   fig.tight_layout()
   save_figure(fig, path, dpi=120)
 
