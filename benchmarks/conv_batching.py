@@ -1,11 +1,12 @@
-"""Why a batch of CNN runs is slower per run on a CPU: a convolution vmapped over per-run kernels.
+"""A convolution vmapped over per-run kernels on a CPU: grouped, as patches, or one a run.
 
 A batch of runs (`sera_jax.harness.batched`) vmaps each run's step over its own parameters, so a
 convolution sees a kernel with a leading run axis, which JAX lowers to one grouped convolution
 (feature_group_count = R). This times the kernel gradient of one 3x3 convolution of the small
-CNN's second stage for R runs, four ways, in one process: XLA's convolution, vmapped over the
-runs and one run after another, and the same convolution as image patches times the kernel
-(im2col, a batched matmul under vmap), both ways. Each is the seconds of R gradients.
+CNN's second stage for R runs, six ways, in one process: XLA's convolution, the same
+convolution as image patches times the kernel (im2col, a batched matmul under vmap), and the
+models' `sera_jax.common.models.conv.conv_general_dilated` (one convolution a run on the CPU),
+each vmapped over the runs and one run after another. Each is the seconds of R gradients.
 
   python benchmarks/conv_batching.py [--runs 10] [--batch 128] [--repeats 10]
 """
@@ -15,6 +16,8 @@ import time
 
 import jax
 import jax.numpy as jnp
+
+from sera_jax.common.models import conv
 
 DIMENSIONS = ("NHWC", "HWIO", "NHWC")
 
@@ -33,6 +36,12 @@ def patches_times_kernel(images: jax.Array, kernel: jax.Array) -> jax.Array:
   return patches @ jnp.transpose(kernel, (2, 0, 1, 3)).reshape(-1, kernel.shape[-1])
 
 
+def one_a_run(images: jax.Array, kernel: jax.Array) -> jax.Array:
+  """The models' convolution: XLA's, or one a run where a vmap over kernels would group it."""
+  return conv.conv_general_dilated(images, kernel, (1, 1), "SAME",
+                                   dimension_numbers=DIMENSIONS)
+
+
 def _seconds(fn, repeats: int) -> float:
   jax.block_until_ready(fn())
   start = time.perf_counter()
@@ -47,8 +56,9 @@ def measure(runs: int, batch: int, repeats: int) -> dict[str, tuple[float, float
   images = jax.random.normal(images_key, (runs, batch, 8, 8, 32))
   kernels = 0.1 * jax.random.normal(kernel_key, (runs, 3, 3, 32, 64))
   times = {}
-  for name, conv in (("convolution", convolution), ("patches x kernel", patches_times_kernel)):
-    gradient = jax.grad(lambda kernel, images, conv=conv: jnp.sum(conv(images, kernel) ** 2))
+  for name, way in (("convolution", convolution), ("patches x kernel", patches_times_kernel),
+                    ("one a run", one_a_run)):
+    gradient = jax.grad(lambda kernel, images, way=way: jnp.sum(way(images, kernel) ** 2))
     batched, alone = jax.jit(jax.vmap(gradient)), jax.jit(gradient)
     times[name] = (
         _seconds(lambda batched=batched: batched(kernels, images), repeats),

@@ -33,8 +33,8 @@ timeout 290 python3 benchmarks/run.py --batch 32 --rounds 5 --repeats 10 "$@"
 timeout 590 python3 benchmarks/sweep.py --models mlp small_cnn maze n0_1024 --runs 10 --steps 100 \
   --maze-steps 20
 
-# A convolution vmapped over R = 10 runs' kernels (a grouped convolution) against one run after
-# another, and the same as patches times the kernel: why the CNN's batch is slow on a CPU.
+# A convolution vmapped over R = 10 runs' kernels against one run after another: XLA's grouped
+# convolution, patches times the kernel, and the models' convolution (grouped on a GPU).
 timeout 60 python3 benchmarks/conv_batching.py
 
 # Each part of the digits MLP's step (the network's passes, the allocation, the sampling)

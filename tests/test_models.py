@@ -12,6 +12,7 @@ from absl.testing import parameterized
 from flax import nnx
 
 from sera_jax.common import models
+from sera_jax.common.models import conv
 
 # Small configurations that compile in a few seconds on two CPU cores.
 _TINY = {
@@ -183,3 +184,87 @@ class VjpTest(parameterized.TestCase):
 
 if __name__ == "__main__":
   pytest.main([__file__])
+
+
+def _xla_convolution(images, kernel):
+  return jax.lax.conv_general_dilated(images, kernel, (1, 1), "SAME",
+                                      dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def _sliced_convolution(images, kernel):
+  return conv.conv_general_dilated(images, kernel, (1, 1), "SAME",
+                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def _loss_and_gradients(convolution):
+  """(images, kernel) -> (a loss, its gradients in both): one run's forward and backward."""
+  def loss(images, kernel):
+    return jnp.sum(jnp.sin(convolution(images, kernel)))
+  return jax.value_and_grad(loss, argnums=(0, 1))
+
+
+def _runs(num_runs=3):
+  """Images [R, 2, 6, 6, 3] and kernels [R, 3, 3, 3, 4] of R runs."""
+  images_key, kernel_key = jax.random.split(jax.random.key(0))
+  return (jax.random.normal(images_key, (num_runs, 2, 6, 6, 3)),
+          jax.random.normal(kernel_key, (num_runs, 3, 3, 3, 4)))
+
+
+class SlicedConvolutionTest(chex.TestCase):
+  """conv.conv_general_dilated: XLA's convolution, mapped over kernels without grouping on CPU."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_values_and_gradients_are_xlas_for_a_run_and_under_vmap(self):
+    images, kernels = _runs()
+    sliced = _loss_and_gradients(_sliced_convolution)
+    # One run, and R runs over their own kernels (the grouping case) or one shared kernel.
+    for way, arguments in (((None, None), (images[0], kernels[0])),
+                           ((0, 0), (images, kernels)),
+                           ((0, None), (images, kernels[0]))):
+      mapped = sliced if way == (None, None) else jax.vmap(sliced, in_axes=way)
+      got = self.variant(mapped)(*arguments)
+      expected = [_loss_and_gradients(_xla_convolution)(
+          images[r] if way[0] == 0 else arguments[0],
+          kernels[r] if way[1] == 0 else arguments[1]) for r in range(len(images))]
+      if way == (None, None):
+        expected = expected[0]
+      else:
+        expected = jax.tree.map(lambda *runs: jnp.stack(runs), *expected)
+      chex.assert_trees_all_close(got, expected, rtol=1e-6, atol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_cotangents_mapped_inside_runs_mapped_outside(self):
+    # The alignment step's shape: several cotangents through one run's backward pass, vmapped
+    # inside the step, and the step vmapped over the runs.
+    images, kernels = _runs()
+
+    def kernel_gradients(convolution, images, kernel):
+      outputs, pullback = jax.vjp(lambda kernel: convolution(images, kernel), kernel)
+      cotangents = jnp.stack([outputs * weight for weight in (1.0, -0.5, 2.0)])
+      return jax.vmap(pullback)(cotangents)[0]
+
+    got = self.variant(jax.vmap(functools.partial(kernel_gradients, _sliced_convolution)))(
+        images, kernels)
+    expected = jnp.stack([kernel_gradients(_xla_convolution, images[r], kernels[r])
+                          for r in range(len(images))])
+    chex.assert_shape(got, (3, 3, 3, 3, 3, 4))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+  @parameterized.parameters(("cpu", 0), ("cuda", 3), ("tpu", 3))
+  def test_a_vmap_over_kernels_groups_its_convolutions_on_every_platform_but_the_cpu(
+      self, platform, grouped):
+    images, kernels = _runs(num_runs=5)
+    step = jax.jit(jax.vmap(_loss_and_gradients(_sliced_convolution)))
+    program = step.trace(images, kernels).lower(lowering_platforms=(platform,)).as_text()
+    # Forward, images' gradient and kernel's gradient: grouped five ways, or five of each.
+    self.assertEqual(program.count("feature_group_count = 5")
+                     + program.count("batch_group_count = 5"), grouped)
+    self.assertGreaterEqual(program.count("stablehlo.convolution"), 3 if grouped else 15)
+
+  def test_the_models_convolve_with_it(self):
+    for name in ("small_cnn", "resnet18_small"):
+      module = nnx.eval_shape(lambda name=name: _tiny_model(name).build(nnx.Rngs(0)))
+      convs = [node for _, node in nnx.iter_graph(module) if isinstance(node, nnx.Conv)]
+      self.assertNotEmpty(convs)
+      for layer in convs:
+        self.assertIs(layer.conv_general_dilated, conv.conv_general_dilated)

@@ -9,6 +9,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sera_jax.common.models import conv
+
 
 class SmallCNN(nnx.Module):
   """Conv3x3-ReLU stages (2x2 average pooling between them), global mean pool, linear head.
@@ -37,6 +39,7 @@ class SmallCNN(nnx.Module):
     self.norm_names = tuple(f"bn{i}" for i in range(len(channels))) if batch_norm else ()
     for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
       setattr(self, f"conv{i}", nnx.Conv(fan_in, fan_out, (3, 3), use_bias=not batch_norm,
+                                         conv_general_dilated=conv.conv_general_dilated,
                                          rngs=rngs))
       if batch_norm:
         setattr(self, f"bn{i}", nnx.BatchNorm(fan_out, momentum=0.9, rngs=rngs))

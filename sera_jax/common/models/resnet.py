@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from sera_jax.common.models import conv
+
 # He-normal on fan-out, the usual initialisation for ReLU convolution stacks.
 _conv_init = nnx.initializers.variance_scaling(2.0, "fan_out", "normal")
 
@@ -22,7 +24,8 @@ def _conv(fan_in: int, fan_out: int, kernel: int, stride: int, dtype, rngs: nnx.
   pad = kernel // 2
   return nnx.Conv(fan_in, fan_out, (kernel, kernel), strides=stride,
                   padding=((pad, pad), (pad, pad)), use_bias=False,
-                  kernel_init=_conv_init, dtype=dtype, rngs=rngs)
+                  kernel_init=_conv_init, dtype=dtype,
+                  conv_general_dilated=conv.conv_general_dilated, rngs=rngs)
 
 
 def _norm(features: int, dtype, rngs: nnx.Rngs, *, zero_scale: bool = False) -> nnx.BatchNorm:

@@ -1,0 +1,82 @@
+"""A convolution that a batch of runs maps over on the CPU as one convolution a run.
+
+A batch of runs (`sera_jax.common.batching`) vmaps each run's step over its own parameters,
+so a convolution sees a kernel with a leading run axis. JAX batches that as one grouped
+convolution (feature_group_count times R), which is the fast way on GPUs and TPUs but which
+XLA's CPU backend runs about ten times slower than the R convolutions one by one
+(`benchmarks/conv_batching.py`). `conv_general_dilated` is `jax.lax.conv_general_dilated`
+for a run alone, with the same values and gradients; where a vmap would group it (a mapped
+kernel; for the kernel's gradient, mapped images and cotangents), the program lowered for
+the CPU runs one convolution per mapped slice instead, and the program lowered for any other
+platform keeps JAX's grouped convolution.
+"""
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+
+def _sliced_on_cpu(fn: Callable, groups: Callable[[Sequence[bool]], bool]) -> Callable:
+  """`fn(*arrays)`, whose vmap over arguments where `groups(mapped)` holds runs `fn` on one
+  slice at a time on the CPU (JAX's batching of `fn` elsewhere and on other platforms).
+  Nested vmaps are decided level by level."""
+
+  @jax.custom_batching.custom_vmap
+  def mappable(*arrays):
+    return fn(*arrays)
+
+  @mappable.def_vmap
+  def batch_rule(axis_size, in_batched, *arrays):
+    in_axes = tuple(0 if batched else None for batched in in_batched)
+
+    def jax_batched(*arrays):
+      return _sliced_on_cpu(jax.vmap(fn, in_axes=in_axes), groups)(*arrays)
+
+    def one_slice_at_a_time(*arrays):
+      slices = [_sliced_on_cpu(fn, groups)(*(x if axis is None else x[i]
+                                             for x, axis in zip(arrays, in_axes, strict=True)))
+                for i in range(axis_size)]
+      return jax.tree.map(lambda *leaves: jnp.stack(leaves), *slices)
+
+    if groups(in_batched):
+      out = jax.lax.platform_dependent(*arrays, cpu=one_slice_at_a_time, default=jax_batched)
+    else:
+      out = jax_batched(*arrays)
+    return out, jax.tree.map(lambda _: True, out)
+
+  return mappable
+
+
+def conv_general_dilated(lhs: jax.Array, rhs: jax.Array, *args, **kwargs) -> jax.Array:
+  """`jax.lax.conv_general_dilated(lhs, rhs, *args, **kwargs)` (images `lhs`, kernel `rhs`),
+  batched over a mapped kernel as one convolution a slice on the CPU (the module's docstring);
+  `nnx.Conv(..., conv_general_dilated=conv_general_dilated)` uses it."""
+
+  def convolution(images, kernel):
+    return jax.lax.conv_general_dilated(images, kernel, *args, **kwargs)
+
+  def convolution_vjp(images, kernel, cotangent):
+    # Linear in each argument: the transposes, without the forward pass a `jax.vjp` adds.
+    images_gradient, = jax.linear_transpose(lambda x: convolution(x, kernel), images)(cotangent)
+    kernel_gradient, = jax.linear_transpose(lambda k: convolution(images, k), kernel)(cotangent)
+    return images_gradient, kernel_gradient
+
+  # JAX groups a convolution whose kernel is mapped, and the kernel's gradient (a
+  # convolution of the images with the cotangent) when both of those are mapped.
+  forward = _sliced_on_cpu(convolution, lambda mapped: mapped[1])
+  backward = _sliced_on_cpu(convolution_vjp,
+                            lambda mapped: mapped[1] or (mapped[0] and mapped[2]))
+
+  @jax.custom_vjp
+  def conv(images, kernel):
+    return forward(images, kernel)
+
+  def conv_forward(images, kernel):
+    return forward(images, kernel), (images, kernel)
+
+  def conv_backward(residuals, cotangent):
+    return backward(*residuals, cotangent)
+
+  conv.defvjp(conv_forward, conv_backward)
+  return conv(lhs, rhs)
