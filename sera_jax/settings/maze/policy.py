@@ -40,11 +40,19 @@ def _open_patterns(mazes: jax.Array) -> jax.Array:
   return jnp.sum(jax.vmap(maze_env.open_directions)(mazes) * 2 ** jnp.arange(4), axis=-1)
 
 
+def _heads_first(x: jax.Array) -> jax.Array:
+  """[..., T, H, D] -> [..., H, T, D], the layout attention's products read keys in."""
+  return jnp.swapaxes(x, -3, -2)
+
+
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-  """Softmax attention; q [..., Tq, H, D], k and v [..., Tk, H, D], mask [Tq, Tk]."""
-  scores = jnp.einsum("...qhd,...khd->...hqk", q, k) / jnp.sqrt(q.shape[-1])
+  """Softmax attention; q [..., Tq, H, D], k and v heads first [..., H, Tk, D], mask [Tq, Tk].
+
+  Keys and values are kept heads first so that decoding, which attends to the whole cache
+  at every step, does not transpose the cache at every step."""
+  scores = jnp.einsum("...qhd,...hkd->...hqk", q, k) / jnp.sqrt(q.shape[-1])
   weights = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1)
-  return jnp.einsum("...hqk,...khd->...qhd", weights, v)
+  return jnp.einsum("...hqk,...hkd->...qhd", weights, v)
 
 
 class _Block(nnx.Module):
@@ -77,6 +85,7 @@ class MazeTransformer(nnx.Module):
   def __init__(self, size: int, max_steps: int, dim: int, num_layers: int, num_heads: int, *,
                rngs: nnx.Rngs):
     self.num_layers = num_layers
+    self.max_steps = max_steps
     self.pattern_embed = nnx.Embed(16, dim, rngs=rngs)
     self.row_embed = nnx.Embed(size, dim, rngs=rngs)
     self.col_embed = nnx.Embed(size, dim, rngs=rngs)
@@ -97,7 +106,7 @@ class MazeTransformer(nnx.Module):
     return self.pattern_embed(pattern) + self.row_embed(rows) + self.col_embed(cols)
 
   def encode_mazes(self, mazes: jax.Array) -> list[tuple[jax.Array, jax.Array]]:
-    """Per-layer keys and values of the maze tokens, each [M, cells^2, heads, head_dim]."""
+    """Per-layer keys and values of the maze tokens, each [M, heads, cells^2, head_dim]."""
     size = mazes.shape[-1]
     odd = jnp.arange(1, size, 2)
     cells = jnp.stack(jnp.meshgrid(odd, odd, indexing="ij"), axis=-1).reshape(-1, 2)
@@ -107,6 +116,7 @@ class MazeTransformer(nnx.Module):
     keys_values = []
     for layer in range(self.num_layers):
       q, k, v = self._block(layer).queries_keys_values(x)
+      k, v = _heads_first(k), _heads_first(v)
       keys_values.append((k, v))
       x = self._block(layer).finish(x, _attend(q, k, v, full))
     return keys_values
@@ -128,31 +138,42 @@ class MazeTransformer(nnx.Module):
     return (self._square_embedding(patterns, squares) + self.action_embed(previous)
             + self.step_embed(steps))
 
-  def action_logits(self, maze_keys_values, x: jax.Array, steps: jax.Array, cache=None):
-    """Logits of the actions at `steps` from their tokens x [R, Tq, dim].
-
-    Args:
-      maze_keys_values: per layer (k, v), each [R, cells^2, heads, head_dim].
-      x: [R, Tq, dim] action tokens at `steps`.
-      steps: int [Tq]; without a cache the tokens are all T steps (teacher forcing).
-      cache: None, or per layer (k, v) of the action tokens, each [R, T, heads, head_dim];
-        the new keys and values are written at `steps`.
-
-    Returns:
-      (logits [R, Tq, NUM_ACTIONS], the updated cache or None).
-    """
-    new_cache = []
+  def action_logits(self, maze_keys_values, x: jax.Array, steps: jax.Array) -> jax.Array:
+    """Logits [R, Tq, NUM_ACTIONS] of the actions at `steps` from their tokens x [R, Tq, dim],
+    all T steps at once (teacher forcing): steps is arange(T), and maze_keys_values per layer
+    (k, v), each [R, heads, cells^2, head_dim]."""
     for layer, (maze_k, maze_v) in enumerate(maze_keys_values):
       q, k, v = self._block(layer).queries_keys_values(x)
-      if cache is not None:
-        k = cache[layer][0].at[:, steps].set(k)
-        v = cache[layer][1].at[:, steps].set(v)
-        new_cache.append((k, v))
-      causal = jnp.arange(k.shape[1])[None, :] <= steps[:, None]
-      mask = jnp.concatenate([jnp.ones((steps.shape[0], maze_k.shape[1]), bool), causal], axis=1)
-      attended = _attend(q, jnp.concatenate([maze_k, k], 1), jnp.concatenate([maze_v, v], 1), mask)
+      causal = steps[None, :] <= steps[:, None]
+      mask = jnp.concatenate([jnp.ones((steps.shape[0], maze_k.shape[-2]), bool), causal], axis=1)
+      attended = _attend(q, jnp.concatenate([maze_k, _heads_first(k)], -2),
+                         jnp.concatenate([maze_v, _heads_first(v)], -2), mask)
       x = self._block(layer).finish(x, attended)
-    return self.head(self.final_norm(x)), (new_cache if cache is not None else None)
+    return self.head(self.final_norm(x))
+
+  def start_cache(self, maze_keys_values) -> list[tuple[jax.Array, jax.Array]]:
+    """The decoding cache: per layer (k, v), each [R, heads, cells^2 + T, head_dim], the
+    maze's keys and values (`encode_mazes`, per rollout) and then T slots for the actions'."""
+    def extended(maze):
+      return jnp.concatenate(
+          [maze, jnp.zeros((*maze.shape[:-2], self.max_steps, maze.shape[-1]), maze.dtype)], -2)
+    return [(extended(k), extended(v)) for k, v in maze_keys_values]
+
+  def decode_logits(self, cache, x: jax.Array, step: jax.Array
+                    ) -> tuple[jax.Array, list[tuple[jax.Array, jax.Array]]]:
+    """(Logits [R, NUM_ACTIONS], the cache with step's keys and values written) of the actions
+    at `step` (a scalar) from their tokens x [R, dim] and the `start_cache` of the earlier steps."""
+    new_cache = []
+    x = x[:, None]
+    for layer, (cache_k, cache_v) in enumerate(cache):
+      q, k, v = self._block(layer).queries_keys_values(x)
+      slot = cache_k.shape[-2] - self.max_steps + step
+      cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, _heads_first(k), slot, axis=-2)
+      cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, _heads_first(v), slot, axis=-2)
+      new_cache.append((cache_k, cache_v))
+      mask = (jnp.arange(cache_k.shape[-2]) <= slot)[None]
+      x = self._block(layer).finish(x, _attend(q, cache_k, cache_v, mask))
+    return self.head(self.final_norm(x))[:, 0], new_cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,7 +247,7 @@ class MazePolicy:
     squares = jnp.concatenate(
         [jnp.broadcast_to(maze_env.start(self.size), landings[:, :1].shape), landings[:, :-1]], 1)
     tokens = network.action_tokens(_open_patterns(mazes)[maze_ids], previous, squares, steps)
-    logits, _ = network.action_logits(maze_kv, tokens, steps)
+    logits = network.action_logits(maze_kv, tokens, steps)
     chosen = jnp.take_along_axis(jax.nn.log_softmax(logits), actions[..., None], axis=-1)[..., 0]
     in_episode = jax.vmap(maze_env.episode_mask)(mazes[maze_ids], actions)
     return jnp.sum(jnp.where(in_episode, chosen, 0.0), axis=-1)
@@ -260,14 +281,13 @@ class MazePolicy:
     rollouts = maze_ids.shape[0]
     rollout_ids = jnp.arange(rollouts) if rollout_ids is None else rollout_ids
     rollout_keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, rollout_ids)
-    cache = [(jnp.zeros((rollouts, self.max_steps) + k.shape[2:], k.dtype),) * 2
-             for k, _ in maze_kv]
+    cache = network.start_cache(maze_kv)
 
     def decode(carry, step):
       previous, square, ended, log_prob, cache = carry
       tokens = network.action_tokens(patterns, previous[:, None], square[:, None], step[None])
-      logits, cache = network.action_logits(maze_kv, tokens, step[None], cache)
-      log_probs = jax.nn.log_softmax(logits[:, 0])
+      logits, cache = network.decode_logits(cache, tokens[:, 0], step)
+      log_probs = jax.nn.log_softmax(logits)
       step_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(rollout_keys, step)
       drawn = jax.vmap(jax.random.categorical)(step_keys, log_probs)
       action = jnp.where(ended, maze_env.DONE, drawn)
