@@ -4,11 +4,11 @@ A batch of runs (`sera_jax.common.batching`) vmaps each run's step over its own 
 so a convolution sees a kernel with a leading run axis. JAX batches that as one grouped
 convolution (feature_group_count times R), which XLA's CPU backend runs five to ten times
 slower than the R convolutions one by one (`benchmarks/conv_batching.py`); GPUs and TPUs have
-grouped convolutions as native kernels (cuDNN's, for one). `conv_general_dilated` is `jax.lax.conv_general_dilated`
-for a run alone, with the same values and gradients; where a vmap would group it (a mapped
-kernel; for the kernel's gradient, mapped images and cotangents), the program lowered for
-the CPU runs one convolution per mapped slice instead, and the program lowered for any other
-platform keeps JAX's grouped convolution.
+grouped convolutions as native kernels (cuDNN's, for one). `conv_general_dilated` is
+`jax.lax.conv_general_dilated` for a run alone, with the same values and gradients; where a
+vmap would group it (a mapped kernel; for the kernel's gradient, mapped images and
+cotangents), the program lowered for the CPU runs one convolution per mapped slice instead,
+and the program lowered for any other platform keeps JAX's grouped convolution.
 """
 
 from collections.abc import Callable, Sequence
