@@ -145,6 +145,22 @@ def test_cond_any_computes_a_batch_branch_only_when_some_run_needs_it(jit):
     calls.clear()
 
 
+def test_a_batch_of_one_run_runs_the_function_itself():
+  # vmap turns a dynamic update slice into a scatter; a batch of one run keeps the run's own
+  # program (XLA's CPU backend lays out a leading axis of size 1 otherwise, at a cost).
+  def write(cache, update, step):
+    return jax.lax.dynamic_update_slice_in_dim(cache, update, step, axis=0)
+
+  in_axes = (0, 0, None)
+  for runs, mesh, vmapped in ((1, None, False), (2, None, True),
+                              (1, batching.runs_mesh(1, jax.devices()[:1]), True)):
+    mapped = batching.vmap_runs(write, in_axes, mesh)
+    cache, update = jnp.zeros((runs, 5, 3)), jnp.arange(runs * 3.0).reshape(runs, 1, 3)
+    assert ("scatter" in str(jax.make_jaxpr(mapped)(cache, update, 2))) == vmapped
+    np.testing.assert_array_equal(jax.jit(mapped)(cache, update, 2),
+                                  jax.vmap(write, in_axes)(cache, update, 2))
+
+
 def test_a_batch_draws_a_runs_tail_words_as_the_run_alone():
   """One run's first word is all zeros: the batch draws every run's tail words, and
   each run's log U is still its own."""

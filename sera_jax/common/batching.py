@@ -132,9 +132,28 @@ def split_runs(tree: Any, mesh: Mesh | None) -> Any:
   return jax.device_put(tree, NamedSharding(mesh, PartitionSpec(RUNS_AXIS)))
 
 
-def map_runs(step, in_axes, mesh: Mesh | None):
-  """`step` mapped over the run axis and jitted (the states, argument 0, donated)."""
-  mapped = jax.vmap(step, in_axes=in_axes,
+def vmap_runs(fn: Callable, in_axes: Sequence[int | None], mesh: Mesh | None) -> Callable:
+  """`fn` mapped over the run axis (axis 0 of the arguments whose `in_axes` entry is 0).
+
+  A batch of one run without a mesh runs `fn` itself on the run's slice: XLA's CPU backend
+  may lay out an array with a leading axis of size 1 otherwise than the run's own and copy
+  it at every step of a loop (the maze policy's decoding cache, docs/benchmarks.md).
+  """
+  mapped = jax.vmap(fn, in_axes=tuple(in_axes),
                     spmd_axis_name=RUNS_AXIS if mesh is not None else None)
-  return jax.jit(mapped, donate_argnums=0)
+
+  def runs_mapped(*args):
+    first_mapped = next(arg for arg, axis in zip(args, in_axes, strict=True) if axis == 0)
+    if mesh is not None or jax.tree.leaves(first_mapped)[0].shape[0] != 1:
+      return mapped(*args)
+    alone = fn(*(arg if axis is None else jax.tree.map(lambda x: x[0], arg)
+                 for arg, axis in zip(args, in_axes, strict=True)))
+    return jax.tree.map(lambda x: jnp.expand_dims(x, 0), alone)
+
+  return runs_mapped
+
+
+def map_runs(step, in_axes, mesh: Mesh | None):
+  """`vmap_runs(step, ...)` jitted (the states, argument 0, donated)."""
+  return jax.jit(vmap_runs(step, in_axes, mesh), donate_argnums=0)
 

@@ -77,9 +77,8 @@ class BatchedMaze:
         [maze_task.allocation_config(config) for config in self.configs], mesh)
     self._warmup_step = batching.map_runs(self.task.warmup_step_fn, (0, 0), mesh)
     self._rl_step = batching.map_runs(self.task.rl_step_fn, (0, 0, None, None, 0), mesh)
-    self._eval_successes = jax.jit(
-        jax.vmap(self.task.eval_successes_fn, in_axes=(0, 0, None, None, None),
-                 spmd_axis_name=batching.RUNS_AXIS if mesh is not None else None))
+    self._eval_successes = jax.jit(batching.vmap_runs(
+        self.task.eval_successes_fn, (0, 0, None, None, None), mesh))
 
   @property
   def num_runs(self) -> int:
