@@ -182,9 +182,6 @@ class VjpTest(parameterized.TestCase):
                                   rtol=1e-5, atol=1e-6)
 
 
-if __name__ == "__main__":
-  pytest.main([__file__])
-
 
 def _xla_convolution(images, kernel):
   return jax.lax.conv_general_dilated(images, kernel, (1, 1), "SAME",
@@ -268,3 +265,7 @@ class SlicedConvolutionTest(chex.TestCase):
       self.assertNotEmpty(convs)
       for layer in convs:
         self.assertIs(layer.conv_general_dilated, conv.conv_general_dilated)
+
+
+if __name__ == "__main__":
+  pytest.main([__file__])
