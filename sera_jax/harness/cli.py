@@ -72,8 +72,10 @@ def train(argv: list[str]) -> None:
   except training.CheckpointError as error:
     # Orbax's other reads of the failed restore are still pending; closed at interpreter exit,
     # some (which ones depends on thread timing) would print their TensorStore tracebacks after
-    # this line. Nothing is left to clean up: the workdir was not written.
-    print(f"error: {error}", file=sys.stderr, flush=True)
+    # this line. Nothing is left to clean up: the workdir was not written. One write keeps the
+    # line whole where those threads' lines already interleave with it.
+    sys.stderr.write(f"error: {error}\n")
+    sys.stderr.flush()
     os._exit(1)
   except (ValueError, TypeError, FileNotFoundError, training.NonFiniteError) as error:
     raise SystemExit(f"error: {error}") from None
