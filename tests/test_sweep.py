@@ -3,10 +3,13 @@
 import os
 import shlex
 import shutil
+import subprocess
+import sys
 
 import pytest
+from corrupt_checkpoints import corrupt_checkpoint, listing
 
-from sera_jax.harness import cli, sweep, train
+from sera_jax.harness import batched, cli, sweep, train
 
 TINY = ["--grid", "num_steps=2", "--grid", "batch_size=16", "--grid", "eval_every=0",
         "--grid", "checkpoint_every=100"]
@@ -67,3 +70,34 @@ def test_sweep_runs_the_grid_and_skips_finished_runs(tmp_path, capsys):
   assert trained == [todo.train_args("default")]
   shutil.rmtree(os.path.join(done.workdir, "checkpoints", "2"))  # killed before the last save
   assert not sweep.is_finished(done.workdir, 2)
+
+
+@pytest.mark.slow
+def test_a_batch_whose_checkpoint_is_corrupt_stops_the_sweep_and_its_advice_resumes(tmp_path):
+  grid = ["sweep", "--grid", "seed=0,1", "--grid", "num_steps=6", "--grid", "batch_size=16",
+          "--grid", "eval_every=0", "--grid", "checkpoint_every=2", "--workdir-root",
+          str(tmp_path)]
+  cli.main(grid)
+  workdirs = [run.workdir for run in sweep.expand(
+      [sweep.parse_axis(spec) for spec in grid[2:-2:2]], str(tmp_path))]
+  whole = [train.read_metrics(workdir) for workdir in workdirs]
+  for workdir in workdirs:  # as a batch killed before it marked its runs finished
+    os.remove(os.path.join(workdir, batched.OUTCOME_FILE))
+  batch_dir, = tmp_path.glob("batch-*")
+  corrupt_checkpoint(batch_dir, 6)
+  before = listing(tmp_path)
+  resumed = subprocess.run([sys.executable, "-m", "sera_jax.harness.cli", *grid],
+                           capture_output=True, text=True, timeout=600)
+  assert resumed.returncode == 1, resumed.stderr[-2000:]
+  # One line, whole, whatever TensorStore's abandoned reads print around it (as `train`'s).
+  message = (
+      f"error: the checkpoint of step 6 in {batch_dir}/checkpoints/6 cannot be restored: it is "
+      f"corrupt or incomplete. Nothing in {batch_dir} was changed; to go on, move "
+      f"{batch_dir}/checkpoints/6 out of {batch_dir}/checkpoints to resume from step 4, the "
+      f"latest earlier checkpoint kept, or start over: delete {batch_dir} and the workdirs its "
+      f"runs.json lists.\n")
+  assert resumed.stderr.count("error:") == 1 and message in resumed.stderr, resumed.stderr
+  assert listing(tmp_path) == before
+  (batch_dir / "checkpoints" / "6").rename(tmp_path / "corrupt-6")
+  cli.main(grid)
+  assert [train.read_metrics(workdir) for workdir in workdirs] == whole

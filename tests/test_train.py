@@ -17,12 +17,14 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import tensorflow_datasets as tfds
+from corrupt_checkpoints import corrupt_checkpoint, listing
 from etils.epath import gpath
 
 from sera_jax.common import files
 from sera_jax.common.tf import tensorflow
 from sera_jax.harness import cli, configs, sweep, train
 from sera_jax.harness.configs.base import classification as base_config
+from sera_jax.harness.figures import maze as figure_maze
 from sera_jax.settings.classification.task import validate_config
 
 TINY = ["--config.num_steps=6", "--config.eval_every=3", "--config.checkpoint_every=2",
@@ -217,41 +219,28 @@ def test_a_non_finite_update_is_never_saved_as_the_last_good_checkpoint(tmp_path
   assert [row["step"] for row in train.read_metrics(str(tmp_path))] == [0, 1]
 
 
-def _listing(directory):
-  """{relative path: bytes, or None for a directory} of everything under `directory`."""
-  return {str(path.relative_to(directory)): None if path.is_dir() else path.read_bytes()
-          for path in sorted(directory.rglob("*"))}
-
-
-def _corrupt_the_latest_checkpoint(workdir, step):
-  """Truncates the largest data file of checkpoint `step`, as an interrupted copy would."""
-  data = max((path for path in (workdir / "checkpoints" / str(step)).rglob("d/*")),
-             key=lambda path: path.stat().st_size)
-  data.write_bytes(data.read_bytes()[:100])
-
-
 def test_a_corrupted_checkpoint_stops_the_resumed_run_with_one_line_and_changes_nothing(tmp_path):
   config = ml_collections.ConfigDict(dict(task="toy", method="toy", seed=0, num_steps=4,
                                           eval_every=0, checkpoint_every=2))
   task = _PoisonedUpdateTask(poison_step=-1)
   train.run(config, str(tmp_path), task=task)
-  _corrupt_the_latest_checkpoint(tmp_path, 4)
-  before = _listing(tmp_path)
+  corrupt_checkpoint(tmp_path, 4)
+  before = listing(tmp_path)
   with pytest.raises(train.CheckpointError) as raised:
     train.run(config, str(tmp_path), task=task)
   message = str(raised.value)
   assert "\n" not in message
   assert f"checkpoint of step 4 in {tmp_path}/checkpoints/4 cannot be restored" in message
   assert "resume from step 2" in message and "new --workdir" in message
-  assert _listing(tmp_path) == before
+  assert listing(tmp_path) == before
 
 
 @pytest.mark.slow
 def test_a_corrupted_checkpoint_stops_the_command_and_its_advice_resumes(tmp_path):
   workdir = tmp_path / "run"
   assert _cli("train", f"--workdir={workdir}", *TINY).returncode == 0
-  _corrupt_the_latest_checkpoint(workdir, 6)
-  before = _listing(workdir)
+  corrupt_checkpoint(workdir, 6)
+  before = listing(workdir)
   resumed = _cli("train", f"--workdir={workdir}", *TINY)
   assert resumed.returncode == 1 and not resumed.stdout
   # No TensorStore specification and no traceback of the restore. TensorStore's own reader
@@ -265,10 +254,33 @@ def test_a_corrupted_checkpoint_stops_the_command_and_its_advice_resumes(tmp_pat
       f"{workdir}/checkpoints/6 out of {workdir}/checkpoints to resume from step 4, the latest "
       f"earlier checkpoint kept, or start over with a new --workdir.\n")
   assert resumed.stderr.count("error:") == 1 and message in resumed.stderr, resumed.stderr
-  assert _listing(workdir) == before
+  assert listing(workdir) == before
   (workdir / "checkpoints" / "6").rename(tmp_path / "corrupt-6")
   assert _cli("train", f"--workdir={workdir}", *TINY).returncode == 0
   assert [row["step"] for row in train.read_metrics(str(workdir))] == list(range(6))
+
+
+class _Ended(Exception):
+  """os._exit, made catchable: the process would end with this status."""
+
+
+@pytest.mark.parametrize("command,module", [(["sweep"], sweep),
+                                            (["figure", "maze"], figure_maze)])
+def test_sweeps_and_figures_end_with_the_one_line_of_a_checkpoint_they_cannot_restore(
+    command, module, monkeypatch, capsys):
+  def fail(*args, **kwargs):
+    raise train.CheckpointError("the checkpoint of step 6 in d/checkpoints/6 cannot be restored")
+
+  def end(status):
+    raise _Ended(status)
+
+  monkeypatch.setattr(module, "main", fail)
+  monkeypatch.setattr(os, "_exit", end)
+  with pytest.raises(_Ended) as ended:
+    cli.main(command)
+  assert ended.value.args == (1,)
+  assert capsys.readouterr() == (
+      "", "error: the checkpoint of step 6 in d/checkpoints/6 cannot be restored\n")
 
 
 def _toy_config(num_steps):
@@ -299,6 +311,7 @@ _KILL_AS_METRICS_OPEN = """
 import os, sys
 from unittest import mock
 import gcs_double
+from corrupt_checkpoints import corrupt_checkpoint, listing
 from etils.epath import gpath
 from test_train import _PoisonedUpdateTask, _toy_config
 from sera_jax.harness import train

@@ -152,7 +152,10 @@ def run_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
       options=ocp.CheckpointManagerOptions(max_to_keep=config.get("checkpoints_to_keep", 2),
                                            create=True))
   try:
-    saved, start = train.restore_latest(manager, saved, batch_dir) if resuming else (saved, 0)
+    saved, start = (train.restore_latest(
+        manager, saved, batch_dir,
+        start_over=f"start over: delete {batch_dir} and the workdirs its {RUNS_FILE} lists")
+        if resuming else (saved, 0))
   except train.CheckpointError:
     manager.close()
     raise

@@ -39,6 +39,23 @@ FIGURES = ("budget", "scale", "ablations", "outcome", "maze", "math", "scaling")
 LOOP_TASKS = ("classification", "maze")  # sera_jax.harness.train's; "gsm8k" is Tunix's
 
 
+def _ending_on_checkpoint_errors(function, *args, **kwargs):
+  """function(*args, **kwargs), or the process ended with one line where it could not
+  restore a checkpoint (sera_jax.harness.train.CheckpointError)."""
+  from sera_jax.harness import train as training
+  try:
+    return function(*args, **kwargs)
+  except training.CheckpointError as error:
+    # Orbax's other reads of the failed restore are still pending; closed at interpreter exit,
+    # some (which ones depends on thread timing) would print their TensorStore tracebacks after
+    # this line. Nothing is left to clean up: the failed restore wrote nothing, and runs before
+    # it (a sweep's, a figure's) closed their files. One write keeps the line whole where those
+    # threads' lines already interleave with it.
+    sys.stderr.write(f"error: {error}\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
 def train(argv: list[str]) -> None:
   """Trains one config into a workdir (resuming it when it holds checkpoints)."""
   argv = ["sera-jax train", *argv]
@@ -68,15 +85,7 @@ def train(argv: list[str]) -> None:
   workdir = values.workdir or os.path.join("runs", f"{config_name}-{config.get('method', 'run')}")
   try:
     training.check_same_run(config, workdir)
-    rows = training.run(config, workdir, resume=values.resume)
-  except training.CheckpointError as error:
-    # Orbax's other reads of the failed restore are still pending; closed at interpreter exit,
-    # some (which ones depends on thread timing) would print their TensorStore tracebacks after
-    # this line. Nothing is left to clean up: the workdir was not written. One write keeps the
-    # line whole where those threads' lines already interleave with it.
-    sys.stderr.write(f"error: {error}\n")
-    sys.stderr.flush()
-    os._exit(1)
+    rows = _ending_on_checkpoint_errors(training.run, config, workdir, resume=values.resume)
   except (ValueError, TypeError, FileNotFoundError, training.NonFiniteError) as error:
     raise SystemExit(f"error: {error}") from None
   except files.storage_errors() as error:
@@ -134,7 +143,7 @@ def plot(argv: list[str]) -> None:
 def sweep(argv: list[str]) -> None:
   """Runs or prints a grid of `train` runs (sera_jax.harness.sweep)."""
   from sera_jax.harness import sweep as sweeping
-  sweeping.main(argv, train_command=train)
+  _ending_on_checkpoint_errors(sweeping.main, argv, train_command=train)
 
 
 def figure(argv: list[str]) -> None:
@@ -142,7 +151,8 @@ def figure(argv: list[str]) -> None:
   if not argv or argv[0] not in FIGURES:
     raise SystemExit(f"error: sera-jax figure needs one of {', '.join(FIGURES)}; "
                      f"`sera-jax figure NAME --help` lists its options.")
-  importlib.import_module(f"sera_jax.harness.figures.{argv[0]}").main(argv[1:])
+  _ending_on_checkpoint_errors(
+      importlib.import_module(f"sera_jax.harness.figures.{argv[0]}").main, argv[1:])
 
 
 def evaluate_flags(argv: list[str]) -> flags.FlagValues:

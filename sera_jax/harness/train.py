@@ -225,8 +225,11 @@ def _quiet_abandoned_reads() -> None:
   logging.getLogger("asyncio").addFilter(lambda record: not _from_orbax(record.exc_info))
 
 
-def restore_latest(manager: ocp.CheckpointManager, state: Any, workdir: str) -> tuple[Any, int]:
+def restore_latest(manager: ocp.CheckpointManager, state: Any, workdir: str, *,
+                   start_over: str = "start over with a new --workdir") -> tuple[Any, int]:
   """(the state of the latest checkpoint in `manager`, its step), or (`state`, 0) if none.
+
+  `workdir` holds the manager's checkpoints; `start_over` says how its runs start anew.
 
   Raises:
     CheckpointError: that checkpoint cannot be read back into the structure of `state`.
@@ -243,12 +246,11 @@ def restore_latest(manager: ocp.CheckpointManager, state: Any, workdir: str) -> 
     checkpoints = f"{workdir}/{CHECKPOINT_DIR}"
     earlier = [kept for kept in manager.all_steps() if kept < step]
     way_on = (f"move {checkpoints}/{step} out of {checkpoints} to resume from step "
-              f"{max(earlier)}, the latest earlier checkpoint kept, or start over"
-              if earlier else "start over")
+              f"{max(earlier)}, the latest earlier checkpoint kept, or {start_over}"
+              if earlier else start_over)
     raise CheckpointError(
         f"the checkpoint of step {step} in {checkpoints}/{step} cannot be restored: it is "
-        f"corrupt or incomplete. Nothing in {workdir} was changed; to go on, {way_on} "
-        f"with a new --workdir.") from error
+        f"corrupt or incomplete. Nothing in {workdir} was changed; to go on, {way_on}.") from error
 
 
 def validate_run_config(config: ml_collections.ConfigDict) -> None:
