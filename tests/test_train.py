@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import gcs_double
 import jax
@@ -65,13 +64,48 @@ def test_align_every_skips_the_alignment_metrics(tmp_path):
   assert all(r["rollouts/max"] == r["rollouts/min"] == 8 for r in rows)
 
 
+# Runs `sera-jax train ARGS...` under the bucket double served from ROOT and SIGKILLs itself
+# as step KILL_AT begins, once Orbax lists the checkpoint of step KILL_AT - 1 in the workdir as
+# finalised (on a bucket: its commit file written).
+_SIGKILL_IN_STEP = """
+import os, signal, sys, time
+import gcs_double
+import orbax.checkpoint as ocp
+from sera_jax.common import files
+from sera_jax.harness import cli, train
+
+root, kill_at, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+workdir = next(arg.split("=", 1)[1] for arg in args if arg.startswith("--workdir="))
+build_task = train.build_task
+
+def killed_in_step(config):
+  task = build_task(config)
+  train_step = task.train_step
+
+  def step_or_die(state, step):
+    if step == kill_at:
+      checkpoints = files.path(workdir) / train.CHECKPOINT_DIR
+      while kill_at - 1 not in ocp.path.step.checkpoint_steps(checkpoints):
+        time.sleep(0.01)
+      os.kill(os.getpid(), signal.SIGKILL)
+    return train_step(state, step)
+  task.train_step = step_or_die
+  return task
+
+train.build_task = killed_in_step
+with gcs_double.serve(root):
+  cli.main(args)
+"""
+
+
 @pytest.mark.slow
 def test_a_bucket_run_killed_resumed_plotted_and_skipped_by_sweep(tmp_path, monkeypatch):
   """gs:// served by a filesystem double (tests/gcs_double.py) through the code a bucket uses.
 
-  The sweep's one run trains into the bucket, is SIGKILLed after a checkpoint and resumed;
-  its rows equal an uninterrupted local run's, `sera-jax plot` reads it and writes into the
-  bucket, and the sweep then skips it as finished. Nothing lands in the current directory.
+  The sweep's one run trains into the bucket and is SIGKILLed as step 7 begins, after the
+  checkpoint of step 6 (a point the run observes, not a time), then resumed; its rows equal
+  an uninterrupted local run's, `sera-jax plot` reads it and writes into the bucket, and the
+  sweep then skips it as finished. Nothing lands in the current directory.
   """
   root, cwd = str(tmp_path / "storage"), tmp_path / "cwd"
   cwd.mkdir()
@@ -84,15 +118,14 @@ def test_a_bucket_run_killed_resumed_plotted_and_skipped_by_sweep(tmp_path, monk
   under_double = [sys.executable, gcs_double.__file__, root, "train"]
   uninterrupted = subprocess.Popen([*under_double, *args[:-1], f"--workdir={reference}"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-  killed = subprocess.Popen([*under_double, *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+  killed = subprocess.run([sys.executable, "-c", _SIGKILL_IN_STEP, root, "7", "train", *args],
+                          cwd=os.path.dirname(__file__), capture_output=True, text=True,
+                          timeout=600)
+  assert killed.returncode == -signal.SIGKILL, f"not killed in step 7:\n{killed.stderr[-2000:]}"
   with gcs_double.serve(root):
-    deadline = time.time() + 300
-    while len(train.read_metrics(run.workdir)) < 7 and time.time() < deadline:
-      time.sleep(0.05)
-    killed.send_signal(signal.SIGKILL)
-    killed.wait()
-    assert len(train.read_metrics(run.workdir)) < 12, "the run finished before it was killed"
+    # Rows up to the checkpoint were flushed with it; the kill lost nothing before it.
+    assert [row["step"] for row in train.read_metrics(run.workdir)][:6] == list(range(6))
+    assert not (files.path(run.workdir) / train.CHECKPOINT_DIR / "9").exists()
   resumed = subprocess.run([*under_double, *args, "--resume"], capture_output=True, text=True,
                            timeout=600)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
