@@ -96,7 +96,8 @@ def test_a_batch_whose_checkpoint_is_corrupt_stops_the_sweep_and_its_advice_resu
       f"{batch_dir}/checkpoints/6 out of {batch_dir}/checkpoints to resume from step 4, the "
       f"latest earlier checkpoint kept, or start over: delete {batch_dir} and the workdirs its "
       f"runs.json lists.\n")
-  assert resumed.stderr.count("error:") == 1 and message in resumed.stderr, resumed.stderr
+  assert resumed.stderr.count(message) == 1, resumed.stderr
+  assert "sera_jax/harness/" not in resumed.stderr, resumed.stderr
   assert listing(tmp_path) == before
   (batch_dir / "checkpoints" / "6").rename(tmp_path / "corrupt-6")
   cli.main(grid)

@@ -276,17 +276,17 @@ def test_a_corrupted_checkpoint_stops_the_command_and_its_advice_resumes(tmp_pat
   before = listing(workdir)
   resumed = _cli("train", f"--workdir={workdir}", *TINY)
   assert resumed.returncode == 1 and not resumed.stdout
-  # No TensorStore specification and no traceback of the restore. TensorStore's own reader
-  # threads may still print tracebacks of "Event loop is closed" when Orbax closes its loop under
-  # them; that noise is theirs, printed at thread-dependent times (a partial line of it can even
-  # precede the message on its line), and is not asserted on. The message is one write, whole.
-  assert "TensorStore" not in resumed.stderr and "serialization.py" not in resumed.stderr
+  # The message once, whole (one write), and no traceback through the project's code.
+  # TensorStore's own reader threads may still print tracebacks of "Event loop is closed" when
+  # Orbax closes its loop under them; that noise is theirs, printed at thread-dependent times (a
+  # partial line of it can even precede the message on its line), and is not asserted on.
   message = (
       f"error: the checkpoint of step 6 in {workdir}/checkpoints/6 cannot be restored: it is "
       f"corrupt or incomplete. Nothing in {workdir} was changed; to go on, move "
       f"{workdir}/checkpoints/6 out of {workdir}/checkpoints to resume from step 4, the latest "
       f"earlier checkpoint kept, or start over with a new --workdir.\n")
-  assert resumed.stderr.count("error:") == 1 and message in resumed.stderr, resumed.stderr
+  assert resumed.stderr.count(message) == 1, resumed.stderr
+  assert "sera_jax/harness/" not in resumed.stderr, resumed.stderr
   assert listing(workdir) == before
   (workdir / "checkpoints" / "6").rename(tmp_path / "corrupt-6")
   assert _cli("train", f"--workdir={workdir}", *TINY).returncode == 0
@@ -312,8 +312,11 @@ def test_sweeps_and_figures_end_with_the_one_line_of_a_checkpoint_they_cannot_re
   with pytest.raises(_Ended) as ended:
     cli.main(command)
   assert ended.value.args == (1,)
-  assert capsys.readouterr() == (
-      "", "error: the checkpoint of step 6 in d/checkpoints/6 cannot be restored\n")
+  # Counted, not equal: a test before this one in the process may have left Orbax reads whose
+  # noise lands at any time (as above).
+  out, err = capsys.readouterr()
+  assert not out and err.count(
+      "error: the checkpoint of step 6 in d/checkpoints/6 cannot be restored\n") == 1, err
 
 
 def _toy_config(num_steps):
