@@ -8,6 +8,7 @@
   docs/method.md, the method's specification, and nothing points at the retired one.
 """
 
+import os
 import pathlib
 import re
 import unicodedata
@@ -130,13 +131,15 @@ def repository_files(root: pathlib.Path, suffixes: tuple[str, ...] | None = None
                      ) -> list[pathlib.Path]:
   """The files under `root` (with one of `suffixes`, if given), outside `UNTRACKED_DIRS`,
   egg-info and workdirs."""
-  def kept(path):
-    parts = path.relative_to(root).parts[:-1]
-    return not any(part in UNTRACKED_DIRS or part.endswith(".egg-info")
-                   or part.startswith("workdir") for part in parts)
-
-  return sorted(path for path in root.rglob("*") if path.is_file() and kept(path)
-                and (suffixes is None or path.suffix in suffixes))
+  found = []
+  # Pruned as it walks: the environment under .venv is never entered, and a directory that a
+  # build deletes meanwhile is skipped (os.walk ignores what vanished).
+  for directory, subdirectories, names in os.walk(root):
+    subdirectories[:] = sorted(name for name in subdirectories if not (
+        name in UNTRACKED_DIRS or name.endswith(".egg-info") or name.startswith("workdir")))
+    found += [pathlib.Path(directory) / name for name in names
+              if suffixes is None or pathlib.Path(name).suffix in suffixes]
+  return sorted(found)
 
 
 def unresolved_citations(paths: list[pathlib.Path], anchors: set[str]) -> list[str]:

@@ -8,6 +8,7 @@ next to the source tree.
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -32,9 +33,15 @@ def _run(command, cwd, env=None):
 def installed(tmp_path_factory):
   """(bin directory, environment, working directory) of a venv holding only the wheel."""
   root = tmp_path_factory.mktemp("wheel")
-  # No build isolation: the build needs no index, only this environment's setuptools.
+  # Built from a copy of the sources: a build in the checkout would write its build/ and
+  # egg-info there while other tests read the tree. No build isolation: the build needs no
+  # index, only this environment's setuptools.
+  sources = root / "sources"
+  shutil.copytree(REPO, sources, ignore=shutil.ignore_patterns(
+      ".git", ".venv", ".pytest_cache", ".ruff_cache", ".hypothesis", "__pycache__", "build",
+      "runs", "workdir*", "*.egg-info"))
   _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-        "-w", str(root / "dist"), str(REPO)], cwd=root)
+        "-w", str(root / "dist"), str(sources)], cwd=root)
   (wheel,) = (root / "dist").glob("sera_jax-*.whl")
   venv = root / "venv"
   _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=root)
