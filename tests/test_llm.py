@@ -7,6 +7,7 @@ import inspect
 import pathlib
 import subprocess
 import sys
+import threading
 import warnings
 
 import jax
@@ -241,14 +242,18 @@ def test_sera_trains_a_tiny_decoder_and_resumes_with_the_same_estimator_and_coun
       [sys.executable, str(pathlib.Path(__file__).with_name("llm_paused_run.py")),
        str(killed_dir), "4"],
       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  # A child stuck before its checkpoint would hang the test; killed, it ends the read below.
+  watchdog = threading.Timer(900, process.kill)
+  watchdog.start()
   try:
     whole = tiny.train_sera(8, str(tmp_path / "whole"))
     for line in process.stdout:  # up to the line the waiting child prints, or its end
-      if line.strip() == "checkpointed 4":
+      if "checkpointed 4" in line:  # another writer's partial line may precede it
         break
     else:
       pytest.fail("the paused run ended without reaching its checkpoint of step 4")
   finally:
+    watchdog.cancel()
     process.kill()
     process.wait()
   whole_steps = list(allocations)
