@@ -6,6 +6,13 @@ import shutil
 
 import jax
 import pytest
+from hypothesis import settings
+
+# Property tests draw their examples from a seed fixed per test, so every run of the suite (a
+# landing's CI among them) tests the same inputs; HYPOTHESIS_PROFILE=explore draws new ones.
+settings.register_profile("fixed", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 # Most of a test's time here is XLA compiling programs that then run on tiny inputs. Without
 # LLVM's optimisations a program compiles in about half the time, and XLA:CPU's older
