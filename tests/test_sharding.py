@@ -34,7 +34,7 @@ from sera_jax.settings.classification import task as classification_task
 from sera_jax.settings.maze import task as maze_task
 
 DOUBLE_ROOT = "SERA_JAX_TEST_GCS_ROOT"  # the subprocesses serve gs:// from this directory
-TIMEOUT_S = 300
+TIMEOUT_S = 600  # a hang guard, as the other tests' subprocesses: the runs take about a minute
 
 
 @dataclasses.dataclass(frozen=True)
