@@ -27,11 +27,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 # ImageNet config's per-device memory at 256 prompts (compiled for the GPU, not run).
 timeout 290 python3 benchmarks/run.py --batch 32 --rounds 5 --repeats 10 "$@"
 
-# R = 10 seeds as one vmapped program against the same runs one after another, in one process:
+# R = 10 seeds as one vmapped program against the same runs one after another, in one process
+# (three rounds of both ways):
 # the digits MLP, the small CNN, the maze policy and budget scaling's SERA run at N0 = 1024
 # (sera_jax.harness.batched).
 timeout 590 python3 benchmarks/sweep.py --models mlp small_cnn maze n0_1024 --runs 10 --steps 100 \
-  --maze-steps 20
+  --maze-steps 20 --repeats 3
 
 # A convolution vmapped over R = 10 runs' kernels against one run after another: XLA's grouped
 # convolution, patches times the kernel, and the models' convolution (grouped on a GPU).

@@ -8,6 +8,9 @@ runs them) and as one call of it vmapped over the runs (as a batch of runs,
 
 * forward + 5 backward passes: the network's forward pass and the vector-Jacobian
   products of the alignment step's five logit cotangents;
+* the passes' matrix products alone: the same products of the same shapes (the layers'
+  inputs by their kernels forward; each cotangent's kernel gradients and the deltas it
+  sends back), without the biases and ReLUs, so the floor of the network's passes;
 * SERA's allocation of the budget B = M N0 among the M prompts;
 * SERA's allocation, its rollouts (up to n_max a prompt) and their logit cotangent;
 * uniform MaxRL's N0 rollouts a prompt and their logit cotangent.
@@ -20,6 +23,7 @@ import functools
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from sera_jax.harness import configs
@@ -52,6 +56,22 @@ def _parts(task: ClassificationTask):
     exact = gradients.exact_logit_grad(logits, labels)
     return gradients.stacked_vjp(vjp_fn, [(i + 1.0) * exact for i in range(5)])
 
+  def matmuls(params, images, labels):
+    # The MLP's layers in order: dense0, dense1, ..., head.
+    kernels = [params[name]["kernel"] for name in sorted(params)]
+    inputs = [jnp.reshape(images, (images.shape[0], -1))]
+    for kernel in kernels:
+      inputs.append(inputs[-1] @ kernel)
+    exact = gradients.exact_logit_grad(inputs.pop(), labels)
+    products = []
+    for shift in range(5):  # five distinct cotangents, so that no product is shared
+      delta = jnp.roll(exact, shift, axis=-1)
+      for layer in reversed(range(len(kernels))):
+        products.append(inputs[layer].T @ delta)
+        if layer:
+          delta = delta @ kernels[layer].T
+    return products
+
   def allocate(mode, logits, labels, key):
     return registry.allocate_with(modes[mode], allocations.inputs(modes[mode], logits, labels,
                                                                   key))
@@ -65,6 +85,7 @@ def _parts(task: ClassificationTask):
 
   return {
       "forward + 5 backward passes": (backward, ("params", "images", "labels")),
+      "the passes' matrix products": (matmuls, ("params", "images", "labels")),
       "SERA allocation": (functools.partial(allocate, "sera"), ("logits", "labels", "key")),
       "SERA allocation + rollouts": (functools.partial(rollouts, "sera"),
                                      ("logits", "labels", "key")),

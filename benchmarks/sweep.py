@@ -1,22 +1,26 @@
 """R runs as one vmapped program against the same R runs one after another.
 
-For each model, R runs that differ in their seed are trained twice in this one process:
+For each model, R runs that differ in their seed are trained both ways in this one process:
 one after another (`ClassificationTask`, `MazeTask`: each run its own jitted step), and
 as one batch (`BatchedClassification`, `BatchedMaze`: one jitted step vmapped over the
 runs). The digits MLP and the small CNN are the default classification config's models
-(--steps steps); "maze" is the maze config's policy in its RL steps (warmup_steps = 0, so
-one program; --maze-steps steps); "n0_1024" is budget scaling's SERA run at N0 = 1024
-(synthetic1000, 128 prompts of up to 4096 rollouts, aligned at step 0 only, so two
-programs; --maze-steps steps). The first step of each program is timed apart as its
-compile (the sequential runs compile R times: each run's rates are its own constants).
-The table gives the seconds a run of the other steps, and the ratio sequential / batched
-of the whole R runs, with and without compiling.
+(--steps steps a round); "maze" is the maze config's policy in its RL steps
+(warmup_steps = 0, so one program; --maze-steps steps a round); "n0_1024" is budget
+scaling's SERA run at N0 = 1024 (synthetic1000, 128 prompts of up to 4096 rollouts,
+aligned at step 0 only, so two programs; --maze-steps steps a round). The first step of
+each program is timed apart as its compile (the sequential runs compile R times: each
+run's rates are its own constants). Then --repeats rounds each train the R runs one after
+another and the batch for the same steps, back to back, so that a change in the machine's
+speed falls on both ways alike. The table gives the median over the rounds of the seconds a
+run, the median and the range of the rounds' ratios sequential / batched, and the ratio
+with compiling (compile plus one median round).
 
   python benchmarks/sweep.py [--models mlp small_cnn maze n0_1024] [--runs 10]
-                             [--steps 200] [--maze-steps 20]
+                             [--steps 200] [--maze-steps 20] [--repeats 5]
 """
 
 import argparse
+import statistics
 import time
 
 import jax
@@ -45,39 +49,45 @@ def _config(model: str, seed: int, steps: int):
   return config
 
 
-def _timed(train_step, state, steps: int, programs: int) -> tuple[float, float]:
-  """(seconds of the first `programs` steps, each compiling one of the run's programs;
-  seconds of the other steps)."""
+def _train(train_step, state, steps: range):
+  """(state after `steps`, seconds they took, finished)."""
   start = time.perf_counter()
-  for step in range(programs):
+  for step in steps:
     state, metrics = train_step(state, step)
   jax.block_until_ready((state, metrics))
-  first = time.perf_counter() - start
-  start = time.perf_counter()
-  for step in range(programs, steps):
-    state, metrics = train_step(state, step)
-  jax.block_until_ready((state, metrics))
-  return first, time.perf_counter() - start
+  return state, time.perf_counter() - start
 
 
-def measure(model: str, runs: int, steps: int) -> dict[str, float]:
-  """Seconds: first steps and later steps of the R runs, one after another and batched."""
-  configs_ = [_config(model, seed, steps) for seed in range(runs)]
-  sequential_first = sequential_rest = 0.0
-  single, batch_of = SETTINGS[configs_[0].task]
+def measure(model: str, runs: int, steps: int, repeats: int) -> dict[str, object]:
+  """Seconds: the first steps (compiling) of the R runs one after another and batched, and
+  the `repeats` rounds of `steps` steps after them, each way ("sequential_rounds",
+  "batched_rounds": lists)."""
   # A classification run that aligns only every k > 1 steps compiles a second program (the
   # steps without alignment) at step 1.
-  programs = 1 if configs_[0].get("align_every", 1) == 1 else 2
-  for config in configs_:
-    task = single(config)
-    first, rest = _timed(task.train_step, task.init_state(jax.random.PRNGKey(config.seed)),
-                         steps, programs)
-    sequential_first += first
-    sequential_rest += rest
+  programs = 1 if _config(model, 0, steps).get("align_every", 1) == 1 else 2
+  total = programs + repeats * steps  # every run's num_steps: its schedule covers them all
+  configs_ = [_config(model, seed, total) for seed in range(runs)]
+  single, batch_of = SETTINGS[configs_[0].task]
+  tasks = [single(config) for config in configs_]
+  states, sequential_first = [], 0.0
+  for task, config in zip(tasks, configs_, strict=True):
+    state, seconds = _train(task.train_step, task.init_state(jax.random.PRNGKey(config.seed)),
+                            range(programs))
+    states.append(state)
+    sequential_first += seconds
   batch = batch_of(configs_)
-  batched_first, batched_rest = _timed(batch.train_step, batch.init_state(), steps, programs)
-  return {"sequential_first": sequential_first, "sequential_rest": sequential_rest,
-          "batched_first": batched_first, "batched_rest": batched_rest}
+  batched_state, batched_first = _train(batch.train_step, batch.init_state(), range(programs))
+  sequential_rounds, batched_rounds = [], []
+  for round_ in range(repeats):
+    steps_of_round = range(programs + round_ * steps, programs + (round_ + 1) * steps)
+    sequential_rounds.append(0.0)
+    for index, task in enumerate(tasks):
+      states[index], seconds = _train(task.train_step, states[index], steps_of_round)
+      sequential_rounds[-1] += seconds
+    batched_state, seconds = _train(batch.train_step, batched_state, steps_of_round)
+    batched_rounds.append(seconds)
+  return {"sequential_first": sequential_first, "batched_first": batched_first,
+          "sequential_rounds": sequential_rounds, "batched_rounds": batched_rounds}
 
 
 def main(argv=None) -> None:
@@ -86,21 +96,23 @@ def main(argv=None) -> None:
   parser.add_argument("--runs", type=int, default=10)
   parser.add_argument("--steps", type=int, default=200)
   parser.add_argument("--maze-steps", type=int, default=20)
+  parser.add_argument("--repeats", type=int, default=5, help="rounds of both ways")
   args = parser.parse_args(argv)
-  print(f"{jax.devices()[0].platform}, R = {args.runs} runs, {args.steps} steps a run "
-        f"({args.maze_steps} for the maze)")
-  print(f"{'model':<10} {'s/run seq':>10} {'s/run batch':>12} {'ratio':>7} "
+  print(f"{jax.devices()[0].platform}, R = {args.runs} runs, {args.repeats} rounds of "
+        f"{args.steps} steps a run ({args.maze_steps} for the maze and n0_1024)")
+  print(f"{'model':<10} {'s/run seq':>10} {'s/run batch':>12} {'ratio':>7} {'range':>11} "
         f"{'compile seq':>12} {'compile batch':>14} {'ratio w/ compile':>17}")
   for model in args.models:
     steps = args.maze_steps if model in ("maze", "n0_1024") else args.steps
-    t = measure(model, args.runs, steps)
-    total_seq = t["sequential_first"] + t["sequential_rest"]
-    total_batch = t["batched_first"] + t["batched_rest"]
-    print(f"{model:<10} {t['sequential_rest'] / args.runs:>10.3f} "
-          f"{t['batched_rest'] / args.runs:>12.3f} "
-          f"{t['sequential_rest'] / t['batched_rest']:>7.2f} "
+    t = measure(model, args.runs, steps, args.repeats)
+    ratios = [s / b for s, b in zip(t["sequential_rounds"], t["batched_rounds"], strict=True)]
+    sequential = statistics.median(t["sequential_rounds"])
+    batched = statistics.median(t["batched_rounds"])
+    with_compile = (t["sequential_first"] + sequential) / (t["batched_first"] + batched)
+    print(f"{model:<10} {sequential / args.runs:>10.3f} {batched / args.runs:>12.3f} "
+          f"{statistics.median(ratios):>7.2f} {min(ratios):>5.2f}-{max(ratios):<5.2f} "
           f"{t['sequential_first']:>12.2f} {t['batched_first']:>14.2f} "
-          f"{total_seq / total_batch:>17.2f}", flush=True)
+          f"{with_compile:>17.2f}", flush=True)
 
 
 if __name__ == "__main__":

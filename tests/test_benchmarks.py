@@ -18,6 +18,7 @@ import step_parts  # noqa: E402
 from tunix.models.qwen3 import model as qwen3  # noqa: E402
 
 from sera_jax.harness import configs  # noqa: E402
+from sera_jax.settings.classification.task import ClassificationTask  # noqa: E402
 
 
 @pytest.mark.slow
@@ -41,9 +42,25 @@ def test_conv_batching_times_three_ways_of_one_convolution():
 
 def test_step_parts_times_every_part_both_ways():
   times = step_parts.measure(runs=2, repeats=1)
-  assert set(times) == {"forward + 5 backward passes", "SERA allocation",
-                        "SERA allocation + rollouts", "uniform rollouts"}
+  assert set(times) == {"forward + 5 backward passes", "the passes' matrix products",
+                        "SERA allocation", "SERA allocation + rollouts", "uniform rollouts"}
   assert all(seconds > 0 for pair in times.values() for seconds in pair)
+
+
+def test_the_matrix_products_part_has_the_products_of_the_passes():
+  task = ClassificationTask(configs.load("default"))
+  inputs = jax.tree.map(lambda x: x[0], step_parts._inputs(task, 1))
+  backward, names = step_parts._parts(task)["forward + 5 backward passes"]
+  matmuls, same_names = step_parts._parts(task)["the passes' matrix products"]
+  assert same_names == names
+  (gradients,) = backward(*(inputs[n] for n in names))
+  kernel_gradients = [layer["kernel"] for layer in gradients.values()]
+  products = matmuls(*(inputs[n] for n in names))
+  # Each of the five cotangents' kernel gradients, as the passes take them.
+  assert len(products) == 5 * len(kernel_gradients) == 15
+  for stacked in kernel_gradients:
+    assert stacked.shape[0] == 5
+    assert sum(p.shape == stacked.shape[1:] for p in products) == 5
 
 
 def test_allocator_rows_match_the_reference():
