@@ -161,6 +161,27 @@ def test_a_batch_of_one_run_runs_the_function_itself():
                                   jax.vmap(write, in_axes)(cache, update, 2))
 
 
+@pytest.mark.parametrize("platform,loops", [("cpu", True), ("cuda", False), ("tpu", False)])
+def test_a_batch_looping_on_the_cpu_loops_there_alone_and_equals_the_vmap(platform, loops):
+  def step(params, data, scale):
+    return jnp.tanh(data @ params) * scale
+
+  in_axes = (0, 0, None)
+  params = jax.random.normal(jax.random.PRNGKey(0), (3, 4, 4))
+  data = jax.random.normal(jax.random.PRNGKey(1), (3, 8, 4))
+  looped = jax.jit(batching.vmap_runs(step, in_axes, None, loop_on_cpu=True))
+  program = looped.trace(params, data, 2.0).lower(lowering_platforms=(platform,)).as_text()
+  # A loop over the three runs, each multiplying its own [8, 4] by [4, 4]; or one batched dot.
+  assert ("stablehlo.while" in program) == loops
+  assert ("batching_dims = [0] x [0]" in program) != loops
+  np.testing.assert_array_equal(looped(params, data, 2.0),
+                                jax.jit(jax.vmap(step, in_axes))(params, data, 2.0))
+  # A runs mesh maps the runs over its devices: no loop.
+  on_mesh = batching.vmap_runs(step, in_axes, batching.runs_mesh(1, jax.devices()[:1]),
+                               loop_on_cpu=True)
+  assert "while" not in str(jax.make_jaxpr(on_mesh)(params, data, 2.0))
+
+
 def test_a_batch_draws_a_runs_tail_words_as_the_run_alone():
   """One run's first word is all zeros: the batch draws every run's tail words, and
   each run's log U is still its own."""

@@ -1,7 +1,8 @@
 """What every batch of runs shares: which configs may batch, the run axis and its mesh.
 
 A batch trains R runs of one setting as one program: every array of the state gains a
-leading run axis and the setting's step is mapped over it with `jax.vmap`. The runs
+leading run axis and the setting's step is mapped over it with `jax.vmap` (or, on the CPU and
+where a setting asks for it, looped over it inside the program: `vmap_runs`). The runs
 share every config value that fixes a shape or the compiled program and differ only in
 a setting's `varied` keys (the seed, scalars that enter the step as traced arrays: the
 optimizer's, held in its state, and the allocation's `registry.SCALARS`, given to the step
@@ -132,28 +133,47 @@ def split_runs(tree: Any, mesh: Mesh | None) -> Any:
   return jax.device_put(tree, NamedSharding(mesh, PartitionSpec(RUNS_AXIS)))
 
 
-def vmap_runs(fn: Callable, in_axes: Sequence[int | None], mesh: Mesh | None) -> Callable:
+def vmap_runs(fn: Callable, in_axes: Sequence[int | None], mesh: Mesh | None, *,
+              loop_on_cpu: bool = False) -> Callable:
   """`fn` mapped over the run axis (axis 0 of the arguments whose `in_axes` entry is 0).
 
   A batch of one run without a mesh runs `fn` itself on the run's slice: XLA's CPU backend
   may lay out an array with a leading axis of size 1 otherwise than the run's own and copy
   it at every step of a loop (the maze policy's decoding cache, docs/benchmarks.md).
+
+  With `loop_on_cpu` and no mesh, the program lowered for the CPU runs `fn` on one run after
+  another inside it (`jax.lax.map`), and other platforms' programs vmap. For a memory-bound
+  step, such as the maze policy's sampling, a vmap multiplies the working set by the number
+  of runs and steps them slower on the CPU than the runs alone, where the loop keeps one
+  run's working set (docs/benchmarks.md#a-loop-over-the-runs-inside-the-program).
   """
   mapped = jax.vmap(fn, in_axes=tuple(in_axes),
                     spmd_axis_name=RUNS_AXIS if mesh is not None else None)
 
+  def one_run_after_another(*args):
+    def one_run(run_args):
+      run_args = iter(run_args)
+      return fn(*(arg if axis is None else next(run_args)
+                  for arg, axis in zip(args, in_axes, strict=True)))
+    return jax.lax.map(one_run, tuple(arg for arg, axis in zip(args, in_axes, strict=True)
+                                      if axis == 0))
+
   def runs_mapped(*args):
-    first_mapped = next(arg for arg, axis in zip(args, in_axes, strict=True) if axis == 0)
-    if mesh is not None or jax.tree.leaves(first_mapped)[0].shape[0] != 1:
+    if mesh is not None:
       return mapped(*args)
-    alone = fn(*(arg if axis is None else jax.tree.map(lambda x: x[0], arg)
-                 for arg, axis in zip(args, in_axes, strict=True)))
-    return jax.tree.map(lambda x: jnp.expand_dims(x, 0), alone)
+    first_mapped = next(arg for arg, axis in zip(args, in_axes, strict=True) if axis == 0)
+    if jax.tree.leaves(first_mapped)[0].shape[0] == 1:
+      alone = fn(*(arg if axis is None else jax.tree.map(lambda x: x[0], arg)
+                   for arg, axis in zip(args, in_axes, strict=True)))
+      return jax.tree.map(lambda x: jnp.expand_dims(x, 0), alone)
+    if loop_on_cpu:
+      return jax.lax.platform_dependent(*args, cpu=one_run_after_another, default=mapped)
+    return mapped(*args)
 
   return runs_mapped
 
 
-def map_runs(step, in_axes, mesh: Mesh | None):
+def map_runs(step, in_axes, mesh: Mesh | None, *, loop_on_cpu: bool = False):
   """`vmap_runs(step, ...)` jitted (the states, argument 0, donated)."""
-  return jax.jit(vmap_runs(step, in_axes, mesh), donate_argnums=0)
+  return jax.jit(vmap_runs(step, in_axes, mesh, loop_on_cpu=loop_on_cpu), donate_argnums=0)
 

@@ -76,9 +76,12 @@ class BatchedMaze:
     self._scalars = batching.allocation_scalars(
         [maze_task.allocation_config(config) for config in self.configs], mesh)
     self._warmup_step = batching.map_runs(self.task.warmup_step_fn, (0, 0), mesh)
-    self._rl_step = batching.map_runs(self.task.rl_step_fn, (0, 0, None, None, 0), mesh)
+    # Sampling is memory-bound: on the CPU the runs' RL steps and evaluations loop over the
+    # runs inside the program (`batching.vmap_runs`).
+    self._rl_step = batching.map_runs(self.task.rl_step_fn, (0, 0, None, None, 0), mesh,
+                                      loop_on_cpu=True)
     self._eval_successes = jax.jit(batching.vmap_runs(
-        self.task.eval_successes_fn, (0, 0, None, None, None), mesh))
+        self.task.eval_successes_fn, (0, 0, None, None, None), mesh, loop_on_cpu=True))
 
   @property
   def num_runs(self) -> int:
