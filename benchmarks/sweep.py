@@ -3,9 +3,10 @@
 For each model, R runs that differ in their seed are trained both ways in this one process:
 one after another (`ClassificationTask`, `MazeTask`: each run its own jitted step), and
 as one batch (`BatchedClassification`, `BatchedMaze`: one jitted step vmapped over the
-runs). The digits MLP and the small CNN are the default classification config's models
-(--steps steps a round); "maze" is the maze config's policy in its RL steps
-(warmup_steps = 0, so one program; --maze-steps steps a round); "n0_1024" is budget
+runs, or for the maze on the CPU looped over them inside the program). The digits MLP and
+the small CNN are the default classification config's models (--steps steps a round);
+"maze" is the maze config's policy in its RL steps (warmup_steps = 0, so one program;
+--maze-steps steps a round); "n0_1024" is budget
 scaling's SERA run at N0 = 1024 (synthetic1000, 128 prompts of up to 4096 rollouts,
 aligned at step 0 only, so two programs; --maze-steps steps a round). The first step of
 each program is timed apart as its compile (the sequential runs compile R times: each
