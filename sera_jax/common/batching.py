@@ -2,7 +2,8 @@
 
 A batch trains R runs of one setting as one program: every array of the state gains a
 leading run axis and the setting's step is mapped over it with `jax.vmap` (or, on the CPU and
-where a setting asks for it, looped over it inside the program: `vmap_runs`). The runs
+where a setting asks for it, looped over it inside the program: `vmap_runs`, or for parts of
+the step, `sliced_on_cpu`). The runs
 share every config value that fixes a shape or the compiled program and differ only in
 a setting's `varied` keys (the seed, scalars that enter the step as traced arrays: the
 optimizer's, held in its state, and the allocation's `registry.SCALARS`, given to the step
@@ -86,6 +87,55 @@ def cond_any(needed: jax.Array, compute: Callable, fallback: Callable, *operands
   return branch(needed, *operands)
 
 
+def _slice_args(args: Sequence[Any], in_axes: Sequence[Any], i) -> tuple:
+  """Slice `i` (an int or a traced index) of the arguments of a vmap over `in_axes` (axis 0
+  or None, each entry a prefix of its argument's pytree)."""
+  return jax.tree.map(
+      lambda axis, arg: arg if axis is None else jax.tree.map(lambda x: x[i], arg),
+      tuple(in_axes), tuple(args), is_leaf=lambda axis: axis is None)
+
+
+def sliced_on_cpu(fn: Callable, when: Callable[..., bool], *, unroll: bool = False
+                  ) -> Callable:
+  """`fn`, whose vmap runs `fn` on one mapped slice after another in the program lowered for
+  the CPU where `when(axis_size, in_batched, *args)` holds (`in_batched` as
+  `jax.custom_batching.custom_vmap` gives it), and is JAX's batching of `fn` elsewhere and on
+  other platforms. Nested vmaps are decided level by level.
+
+  For work that XLA's CPU backend runs slower batched than slice by slice: a grouped
+  convolution, or memory-bound work whose vmap multiplies its working set by the axis size.
+  The slices run in a loop (`jax.lax.map`, `fn` compiled once) or, with `unroll`, as one call
+  a slice written out, for operations that run many times slower inside XLA's loops on the
+  CPU (convolutions; docs/benchmarks.md#a-loop-over-the-runs-inside-the-program).
+  """
+
+  @jax.custom_batching.custom_vmap
+  def mappable(*args):
+    return fn(*args)
+
+  @mappable.def_vmap
+  def batch_rule(axis_size, in_batched, *args):
+    in_axes = jax.tree.map(lambda batched: 0 if batched else None, tuple(in_batched))
+
+    def jax_batched(*args):
+      return sliced_on_cpu(jax.vmap(fn, in_axes=in_axes), when, unroll=unroll)(*args)
+
+    def one_slice_at_a_time(*args):
+      def one_slice(i):
+        return sliced_on_cpu(fn, when, unroll=unroll)(*_slice_args(args, in_axes, i))
+      if unroll:
+        return stack([one_slice(i) for i in range(axis_size)])
+      return jax.lax.map(one_slice, jnp.arange(axis_size))
+
+    if when(axis_size, in_batched, *args):
+      out = jax.lax.platform_dependent(*args, cpu=one_slice_at_a_time, default=jax_batched)
+    else:
+      out = jax_batched(*args)
+    return out, jax.tree.map(lambda _: True, out)
+
+  return mappable
+
+
 def stack(trees: Sequence[Any]) -> Any:
   """The pytrees `trees` (one a run, alike in structure) as one with a leading run axis."""
   return jax.tree.map(lambda *leaves: jnp.stack(leaves), *trees)
@@ -150,22 +200,18 @@ def vmap_runs(fn: Callable, in_axes: Sequence[int | None], mesh: Mesh | None, *,
   mapped = jax.vmap(fn, in_axes=tuple(in_axes),
                     spmd_axis_name=RUNS_AXIS if mesh is not None else None)
 
-  def one_run_after_another(*args):
-    def one_run(run_args):
-      run_args = iter(run_args)
-      return fn(*(arg if axis is None else next(run_args)
-                  for arg, axis in zip(args, in_axes, strict=True)))
-    return jax.lax.map(one_run, tuple(arg for arg, axis in zip(args, in_axes, strict=True)
-                                      if axis == 0))
-
   def runs_mapped(*args):
     if mesh is not None:
       return mapped(*args)
     first_mapped = next(arg for arg, axis in zip(args, in_axes, strict=True) if axis == 0)
-    if jax.tree.leaves(first_mapped)[0].shape[0] == 1:
-      alone = fn(*(arg if axis is None else jax.tree.map(lambda x: x[0], arg)
-                   for arg, axis in zip(args, in_axes, strict=True)))
+    num_runs = jax.tree.leaves(first_mapped)[0].shape[0]
+    if num_runs == 1:
+      alone = fn(*_slice_args(args, in_axes, 0))
       return jax.tree.map(lambda x: jnp.expand_dims(x, 0), alone)
+
+    def one_run_after_another(*args):
+      return jax.lax.map(lambda r: fn(*_slice_args(args, in_axes, r)), jnp.arange(num_runs))
+
     if loop_on_cpu:
       return jax.lax.platform_dependent(*args, cpu=one_run_after_another, default=mapped)
     return mapped(*args)
