@@ -3,12 +3,13 @@
 For each model, R runs that differ in their seed are trained both ways in this one process:
 one after another (`ClassificationTask`, `MazeTask`: each run its own jitted step), and
 as one batch (`BatchedClassification`, `BatchedMaze`: one jitted step vmapped over the
-runs, or for the maze on the CPU looped over them inside the program). The digits MLP and
-the small CNN are the default classification config's models (--steps steps a round);
-"maze" is the maze config's policy in its RL steps (warmup_steps = 0, so one program;
---maze-steps steps a round); "n0_1024" is budget
-scaling's SERA run at N0 = 1024 (synthetic1000, 128 prompts of up to 4096 rollouts,
-aligned at step 0 only, so two programs; --maze-steps steps a round). The first step of
+runs, or on the CPU looped over them inside the program: the maze's steps, and the sampling
+of a classification batch with many rollouts). The digits MLP and the small CNN are the
+default classification config's models (--steps steps a round); "maze" is the maze config's
+policy in its RL steps (warmup_steps = 0, so one program; --maze-steps steps a round);
+"n0_1024" is budget scaling's SERA run at N0 = 1024 (synthetic1000, 128 prompts of up to
+4096 rollouts, aligned at step 0 only, so two programs; --maze-steps steps a round), and
+"n0_16" and "n0_128" its runs at those N0 (--steps steps a round). The first step of
 each program is timed apart as its compile (the sequential runs compile R times: each
 run's rates are its own constants). Then --repeats rounds each train the R runs one after
 another and the batch for the same steps, back to back, so that a change in the machine's
@@ -39,8 +40,9 @@ SETTINGS = {"classification": (ClassificationTask, BatchedClassification),
 
 
 def _config(model: str, seed: int, steps: int):
-  if model == "n0_1024":
-    return scaling.run_config("sera", 1024, seed, steps, steps, learning_rate=0.05)
+  if model.startswith("n0_"):  # budget scaling's SERA run at N0 = 16, 128 or 1024
+    return scaling.run_config("sera", int(model.removeprefix("n0_")), seed, steps, steps,
+                              learning_rate=0.05)
   if model == "maze":
     config = configs.load("maze")
     config.update(seed=seed, num_steps=steps, warmup_steps=0)

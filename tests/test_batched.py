@@ -72,9 +72,12 @@ def _assert_same_rows(alone_rows, together_rows, run):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sampling", ["vmapped", "in slices"])
 @pytest.mark.parametrize("method,estimator", [("sera", "maxrl"), ("uniform", "maxrl"),
                                               ("sera", "grpo")])
-def test_each_run_of_a_batch_is_the_run_alone(method, estimator):
+def test_each_run_of_a_batch_is_the_run_alone(method, estimator, sampling, monkeypatch):
+  if sampling == "in slices":  # as a batch with many rollouts samples them on the CPU
+    monkeypatch.setattr(gradients, "_SLICED_MIN_SLOTS", 0)
   configs = [_config(method, estimator, **run) for run in RUNS]
   runs = batched.BatchedClassification(configs)
   states, rows = _train(runs, runs.init_state(), STEPS)

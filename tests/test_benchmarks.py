@@ -14,10 +14,12 @@ import jax.numpy as jnp  # noqa: E402
 import llm_memory  # noqa: E402
 import memory  # noqa: E402
 import run as benchmark_table  # noqa: E402
+import sampling_slices  # noqa: E402
 import step_parts  # noqa: E402
 from tunix.models.qwen3 import model as qwen3  # noqa: E402
 
 from sera_jax.harness import configs  # noqa: E402
+from sera_jax.settings.classification import gradients  # noqa: E402
 from sera_jax.settings.classification.task import ClassificationTask  # noqa: E402
 
 
@@ -38,6 +40,17 @@ def test_conv_batching_times_three_ways_of_one_convolution():
   times = conv_batching.measure(runs=2, batch=2, repeats=1)
   assert set(times) == {"convolution", "patches x kernel", "one a run"}
   assert all(seconds > 0 for pair in times.values() for seconds in pair)
+
+
+@pytest.mark.slow
+def test_sampling_slices_times_both_ways_and_restores_the_bound():
+  bound = gradients._SLICED_MIN_SLOTS
+  rounds = sampling_slices.measure("mlp", runs=2, steps=1, repeats=2)
+  assert gradients._SLICED_MIN_SLOTS == bound
+  assert set(rounds) == {"in slices", "vmapped"}
+  assert all(len(seconds) == 2 and min(seconds) > 0 for seconds in rounds.values())
+  # Budget scaling's largest batch of ten: 128 prompts of up to 4096 rollouts a run.
+  assert sampling_slices.slots("n0_1024", 10) == 10 * 128 * 4096 > bound
 
 
 def test_step_parts_times_every_part_both_ways():

@@ -259,3 +259,42 @@ def test_a_slot_draws_the_same_whatever_the_width():
   # A prompt's draws do not depend on the other prompts either.
   alone = gradients.sample_rollouts(key, logits, labels, counts.at[1:].set(0), max_rollouts=8)
   np.testing.assert_array_equal(alone.actions[0], narrow.actions[0])
+
+
+@pytest.mark.parametrize("platform,slices", [("cpu", True), ("cuda", False), ("tpu", False)])
+def test_a_vmap_over_many_rollout_slots_samples_one_slice_after_another_on_the_cpu(
+    platform, slices):
+  """Above 2^18 rollout slots in all a vmap of the sampling loops over its slices on the CPU
+  (and not at 2^18 or below, nor on other platforms); every slice is its own sampling."""
+  runs, num_prompts, num_classes = 3, 8, 5
+  logits = 2.0 * jax.random.normal(jax.random.key(0), (runs, num_prompts, num_classes))
+  labels = jnp.arange(num_prompts, dtype=jnp.int32) % num_classes
+  allocations = [allocate(oracle_log_p(logits[r], labels), baseline_n=N0, n_min=2,
+                          n_max=4 * N0) for r in range(runs)]
+  alloc = jax.tree.map(lambda *leaves: jnp.stack(leaves), *allocations)
+  keys = jax.random.split(jax.random.key(1), runs)
+  bound = gradients._SLICED_MIN_SLOTS // (runs * num_prompts)  # widths up to it vmap
+
+  def mapped(sample, width):
+    return jax.jit(jax.vmap(lambda key, logits, alloc: sample(
+        key, logits, labels, alloc, baseline_n=N0, estimator="maxrl", max_rollouts=width)))
+
+  def loops(sample, width):
+    program = mapped(sample, width).trace(keys, logits, alloc).lower(
+        lowering_platforms=(platform,)).as_text()
+    return program.count("stablehlo.while")
+
+  for width, many in ((bound, False), (bound + 1, True)):
+    assert (loops(gradients.sample_and_score_in_slices, width)
+            > loops(gradients.sample_and_score, width)) == (many and slices)
+  if platform != "cpu":
+    return
+  together = mapped(gradients.sample_and_score_in_slices, bound + 1)(keys, logits, alloc)
+  for r in range(runs):
+    alone = gradients.sample_and_score(keys[r], logits[r], labels, allocations[r],
+                                       baseline_n=N0, estimator="maxrl", max_rollouts=bound + 1)
+    run = jax.tree.map(lambda x, r=r: x[r], together)
+    jax.tree.map(np.testing.assert_array_equal, run[1], alone[1])  # the rollouts
+    np.testing.assert_allclose(run[0], alone[0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(run[2], alone[2], rtol=1e-6, atol=1e-7)
+  assert int(jnp.sum(together[1].mask)) == int(sum(jnp.sum(a.counts) for a in allocations))

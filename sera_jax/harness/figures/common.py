@@ -279,8 +279,7 @@ def figure_parser(name: str, description: str) -> argparse.ArgumentParser:
 def add_one_by_one(parser: argparse.ArgumentParser) -> None:
   """--one-by-one: a figure that trains grids trains every run as a batch of its own."""
   parser.add_argument("--one-by-one", action="store_true",
-                      help="train every run by itself instead of each grid as one batch (on a "
-                      "CPU faster for runs with many rollouts)")
+                      help="train every run by itself instead of each grid as one batch")
 
 
 def output_paths(out: str, stem: str) -> tuple[str, str]:

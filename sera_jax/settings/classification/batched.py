@@ -8,9 +8,11 @@ Those enter as traced arrays: `optax.inject_hyperparams` keeps each run's learni
 momentum and weight decay in its optimizer state, the schedule's shape (warm-up, decay)
 multiplies the run's peak rate, and the step takes each run's allocation scalars
 (`batching.allocation_scalars`) in place of the shared config's. The step is
-`task.make_train_step`'s, unchanged, mapped over the runs, so run r of a batch is the
-run config r trains alone (docs/method.md#classification-as-rl), up to the rounding of
-batched arithmetic.
+`task.make_train_step`'s, mapped over the runs, so run r of a batch is the run config r
+trains alone (docs/method.md#classification-as-rl), up to the rounding of batched arithmetic.
+Without a mesh, a batch with many rollouts in all samples them one run after another inside
+the program on the CPU (`gradients.sample_and_score_in_slices`): that sampling is
+memory-bound, and vmapped it slowed the batch below the runs one after another.
 """
 
 from collections.abc import Sequence
@@ -71,7 +73,8 @@ def make_batched_train_step(model, config: ml_collections.ConfigDict, *, align: 
   optimizer = factory(learning_rate=1.0, momentum=0.0, weight_decay=0.0)
   step = task.make_train_step(
       model, optimizer, config, align=align,
-      learning_rate=lambda opt_state, step: opt_state.hyperparams["learning_rate"] * unit(step))
+      learning_rate=lambda opt_state, step: opt_state.hyperparams["learning_rate"] * unit(step),
+      runs_loop_on_cpu=mesh is None)
   return batching.map_runs(step, (0, 0, 0, None, 0), mesh)
 
 

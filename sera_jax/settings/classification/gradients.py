@@ -38,6 +38,9 @@ _TAIL_WORDS = 3  # drawn after an all-zero first word: U resolved to 2^-128 in a
 # step's five or six) in leaves of at least this many parameters.
 _PAIRWISE_MAX_GRADS = 6
 _PAIRWISE_MIN_SIZE = 2**16
+# `sample_and_score_in_slices` samples one vmapped slice after another on the CPU above this
+# many rollout slots in all (measured: docs/benchmarks.md#a-loop-over-the-runs-inside-the-program).
+_SLICED_MIN_SLOTS = 2**18
 
 
 class Rollouts(NamedTuple):
@@ -234,6 +237,30 @@ def sample_and_score(key: jax.Array, logits: jax.Array, labels: jax.Array,
   cotangent = rollout_logit_grad(logits, rollouts, advantages, allocation.weights,
                                  baseline_n=baseline_n)
   return cotangent, rollouts, advantages
+
+
+def sample_and_score_in_slices(key: jax.Array, logits: jax.Array, labels: jax.Array,
+                               allocation: Allocation, *, baseline_n: int,
+                               estimator: EstimatorLike, max_rollouts: int, eps: float = 1e-6
+                               ) -> tuple[jax.Array, Rollouts, jax.Array]:
+  """`sample_and_score`, whose vmap over more than 2^18 rollout slots in all (the axis size
+  times M times max_rollouts, as in a batch of runs at a large budget) samples one slice
+  after another in the program lowered for the CPU (`batching.sliced_on_cpu`).
+
+  The sampling is memory-bound: vmapped, its working set is the axis size times a slice's,
+  which on the CPU outgrows the caches; in slices it stays one slice's. Below the bound a vmap
+  is the faster (docs/benchmarks.md#a-loop-over-the-runs-inside-the-program). Either way a
+  slice's values are `sample_and_score`'s.
+  """
+
+  def sample(key, logits, labels, allocation):
+    return sample_and_score(key, logits, labels, allocation, baseline_n=baseline_n,
+                            estimator=estimator, max_rollouts=max_rollouts, eps=eps)
+
+  def many_slots(axis_size, in_batched, key, logits, *rest):
+    return axis_size * logits.shape[-2] * max_rollouts > _SLICED_MIN_SLOTS
+
+  return batching.sliced_on_cpu(sample, many_slots)(key, logits, labels, allocation)
 
 
 def expected_logit_grad(logits: jax.Array, labels: jax.Array, allocation: Allocation, *,

@@ -84,7 +84,8 @@ def _surrogate_loss(logits, rollouts, advantages, alloc, baseline_n):
   return estimators.policy_loss(log_probs, advantages, rollouts.mask, alloc.weights, baseline_n)
 
 
-def make_train_step(model, optimizer, config, *, align: bool, mesh=None, learning_rate=None):
+def make_train_step(model, optimizer, config, *, align: bool, mesh=None, learning_rate=None,
+                    runs_loop_on_cpu: bool = False):
   """The jitted step: (state, images, labels, step) -> (state, metrics).
 
   With a `mesh` (batch sharded on "data"), log p is gathered once and every device
@@ -93,6 +94,9 @@ def make_train_step(model, optimizer, config, *, align: bool, mesh=None, learnin
   `learning_rate(opt_state, step)` is the rate the metrics report, default the config's
   schedule (a batch of runs reads each run's own from its optimizer state). A fifth
   argument, {field: value} of `registry.SCALARS` (a batch's run's own), replaces the config's.
+  `runs_loop_on_cpu` is for a step that a batch vmaps over its runs without a mesh: on the
+  CPU, a batch with many rollouts in all samples them one run after another
+  (`gradients.sample_and_score_in_slices`).
   """
 
   def allocate(mode, logits, labels, key, scalars):
@@ -110,8 +114,11 @@ def make_train_step(model, optimizer, config, *, align: bool, mesh=None, learnin
   # expected gradients take its c(p, n).
   estimator = allocations.allocation_config(config, stats_mode).estimator_spec
 
+  sample_and_score = (gradients.sample_and_score_in_slices if runs_loop_on_cpu
+                      else gradients.sample_and_score)
+
   def realized(key, logits, labels, alloc, mode):
-    return gradients.sample_and_score(
+    return sample_and_score(
         key, logits, labels, alloc, baseline_n=config.baseline_n, estimator=estimator,
         max_rollouts=_width(config, mode))
 
