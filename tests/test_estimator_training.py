@@ -103,7 +103,8 @@ def test_a_classification_step_trains_with_a_peer_estimator(estimator, kwargs):
 def test_a_sera_learner_step_trains_with_a_peer_estimator(estimator, kwargs):
   """On SERA's uneven counts, the learner's advantages are the estimator's flat advantages
   with its parameters, and the loss and its gradient are finite."""
-  from test_llm import N0, TRAIN, M, _loss_and_grads, _prepared  # the [llm] extra's helpers
+  # The [llm] extra's helpers.
+  from test_llm import N0, TRAIN, M, _in_epoch_two, _loss_and_grads, _prepared
 
   from sera_jax.settings.llm import learner as sera_llm
   from sera_jax.settings.llm import tiny
@@ -112,13 +113,7 @@ def test_a_sera_learner_step_trains_with_a_peer_estimator(estimator, kwargs):
   config = sera_llm.SeraConfig(num_generations=N0, n_max=tiny.N_MAX,
                                dataset_size=tiny.DATASET_SIZE, estimator=estimator,
                                estimator_kwargs=kwargs)
-  learner = _prepared(sera_llm.SeraLearner(cluster, config, tiny.slack_reward))
-  # Epoch 2 of a seen population: SERA's uneven counts (as tests/test_llm.py sets them).
-  successes = np.linspace(0.0, 8.0, tiny.DATASET_SIZE).astype(np.float32)
-  learner.historical = learner.historical._replace(
-      successes=jnp.asarray(successes), failures=jnp.asarray(8.0 - successes),
-      seen=jnp.ones(tiny.DATASET_SIZE, bool))
-  learner.batches_seen = 1
+  learner = _in_epoch_two(_prepared(sera_llm.SeraLearner(cluster, config, tiny.slack_reward)))
   batch = tiny.dataset(1, M)[0]
   with jax.set_mesh(tiny.mesh()):
     (example,) = learner._process_accumulated_batches([batch], [M], TRAIN)

@@ -115,6 +115,17 @@ def _prepared(learner):
   return learner
 
 
+def _in_epoch_two(learner):
+  """`learner` in epoch 2 of a population it has seen, which SERA allocates unevenly: every
+  prompt's history holds 8 rollouts, their successes spread from 0 to 8."""
+  successes = np.linspace(0.0, 8.0, tiny.DATASET_SIZE).astype(np.float32)
+  learner.historical = learner.historical._replace(
+      successes=jnp.asarray(successes), failures=jnp.asarray(8.0 - successes),
+      seen=jnp.ones(tiny.DATASET_SIZE, bool))
+  learner.batches_seen = 1
+  return learner
+
+
 def _loss_and_grads(cluster, learner, example):
   loss_fn = function_registry.get_policy_loss_fn(learner.algo_config.policy_loss_fn)
   tokenizer = cluster.tokenizer
@@ -475,13 +486,7 @@ def test_metric_fns_get_seras_advantages_and_prompt_mean_weighs_prompts_equally(
                   np.asarray(rewards), np.asarray(idx)))
     return {"custom/rollouts": (len(prompts), np.mean)}
 
-  learner = _prepared(_sera_learner(tiny.cluster(1), metric_fns=[metric_fn]))
-  # Epoch 2 of a seen population: SERA's uneven counts (see the unseen-prompt test).
-  successes = np.linspace(0.0, 8.0, tiny.DATASET_SIZE).astype(np.float32)
-  learner.historical = learner.historical._replace(
-      successes=jnp.asarray(successes), failures=jnp.asarray(8.0 - successes),
-      seen=jnp.ones(tiny.DATASET_SIZE, bool))
-  learner.batches_seen = 1
+  learner = _in_epoch_two(_prepared(_sera_learner(tiny.cluster(1), metric_fns=[metric_fn])))
   batch = tiny.dataset(1, M)[0]
   with jax.set_mesh(tiny.mesh()):
     (example,) = learner._process_accumulated_batches([batch], [M], TRAIN)
