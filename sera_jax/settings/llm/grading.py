@@ -5,8 +5,8 @@ Each grader gives a completion 1 or 0 against a reference answer (a reward is ex
 
 * `number_correct` (GSM8K): the reference is a number (`gsm8k_answer` reads it after "####" in
   a GSM8K solution) and the completion is right when its last number equals it as a number:
-  "1,234" is 1234, "42." is 42, "$18.00" is 18, "12 dollars" is 12, "-5" is negative, but the
-  hyphen of "3-5" is no minus sign.
+  "1,234", "1{,}234" and "1\\,234" are 1234, "42." is 42, "$18.00" is 18, "12 dollars" is 12,
+  "-5" is negative, but the hyphen of "3-5" is no minus sign.
 * `math_correct` (MATH, POLARIS, AIME, ...): Hugging Face's math-verify, as the SERA authors
   grade: the reference parsed as the content of a \\boxed{}, the completion's answer found as
   LaTeX (the last \\boxed{}, nested braces and all, first) or a plain expression, and the two
@@ -32,8 +32,9 @@ from multiprocessing import connection as mp_connection
 import numpy as np
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-# Thousands separators: a comma between digits followed by exactly three digits.
-_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+# Thousands separators: a comma between digits followed by exactly three digits, or its LaTeX
+# forms (MATH's "1{,}000", a thin space "1\,000") and the Unicode thin and narrow spaces.
+_THOUSANDS = re.compile(r"(?<=\d)(?:,|\{,\}|\\,|\u2009|\u202f)(?=\d{3}(?!\d))")
 # A number. A hyphen is its sign only where no letter, digit or period precedes it ("3-5" is a
 # range, "x-5" a difference), and a period its decimal point only before a digit ("42." ends a
 # sentence).
