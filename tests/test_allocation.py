@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from sera_jax.method import allocation, ordering, scaling
 from sera_jax.method.allocation import allocate
+from sera_jax.verification import reference
 
 # Few distinct shapes so hypothesis examples reuse compiled code.
 SIZES = (1, 2, 5, 16, 33)
@@ -95,6 +96,21 @@ def test_ties_break_towards_smaller_index():
   assert a.counts.sum() == 9
   two = _alloc(np.full(2, np.log(0.2)), 3, 2, 5, "equalized")
   np.testing.assert_array_equal(two.counts, [3, 3])
+
+
+@pytest.mark.parametrize("mode", ["equalized", "sera"])
+def test_rounding_follows_the_errors_where_kappa_rounds_to_one(mode):
+  """At p > 0.9 and n >= 9, (1 - p)^(n - 1) lies below float32's resolution and kappa rounds
+  to 1. The errors are compared in a form that does not round, so the rollout left over goes
+  to the prompt it brings nearest the waterline, as the float64 reference gives it, and not
+  to the first prompt (with every error 0 it went there, and "sera" then found the second
+  prompt's 5 rollouts too rarely mixed and switched it off: 14 and 0)."""
+  log_p = np.log([0.9526436179, 0.9914450225])
+  a = _alloc(log_p, 7, 2, 16, mode)
+  assert float(a.target_fidelity) == 1.0  # the waterline itself rounds to 1 in float32
+  np.testing.assert_allclose(a.continuous, [8.314, 5.686], atol=1e-3)
+  np.testing.assert_array_equal(a.counts, [8, 6])
+  np.testing.assert_array_equal(reference.allocate(log_p, 7, 2, 16, mode=mode).counts, [8, 6])
 
 
 def test_budget_at_the_floor_gives_n_min_and_the_lowest_fidelity():
@@ -254,6 +270,7 @@ def test_vmap_equals_single_calls(mode):
     (dict(log_p=[-1.0, 0.1]), "log_p.*positive"),
     (dict(log_p=[-1.0, -float("inf")]), "log_p.*-inf"),
     (dict(log_p=[[-1.0]]), "log_p must have rank 1"),
+    (dict(log_p=jnp.zeros(0)), r"^log_p must hold at least one prompt; got shape \(0,\)\.$"),
     (dict(n_min=0), "n_min must be >= 1"),
     (dict(n_min=5), "n_min must be <= baseline_n"),
     (dict(n_max=3), "baseline_n must be <= n_max"),
@@ -269,9 +286,17 @@ def test_rejects_bad_input(kwargs, message):
     allocate(jnp.asarray(log_p), **args)
 
 
-def test_rejects_non_integer_counts():
-  with pytest.raises(TypeError, match="baseline_n must be an int"):
-    allocate(jnp.asarray([-1.0]), baseline_n=4.5, n_min=2, n_max=8)
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(baseline_n=4.5), "baseline_n must be an int"),
+    (dict(threshold="0.1"), r"^threshold must be a number in \[0, 1\]; got '0.1'\.$"),
+    # A string "False" is truthy: taken as True it would weight by rollout count.
+    (dict(normalize_by_rollout_count="False"),
+     r"^normalize_by_rollout_count must be True or False; got 'False' \(str\)\.$"),
+    (dict(normalize_by_rho=1), r"^normalize_by_rho must be True or False; got 1 \(int\)\.$"),
+])
+def test_rejects_arguments_of_the_wrong_type(kwargs, message):
+  with pytest.raises(TypeError, match=message):
+    allocate(jnp.asarray([-1.0]), **dict(baseline_n=4, n_min=2, n_max=8) | kwargs)
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])

@@ -2,7 +2,8 @@
 
 * x64: `allocate` equals the reference exactly (counts, active; floats to 1e-12)
   on 216 random problems per mode, every family of p meeting every M three times.
-* float32: exact budget, bounds, >= 99% of counts within 1 of the reference.
+* float32: exact budget, bounds, >= 99% of counts within 1 of the reference, and (outside
+  "sera") >= 97% of the problems given exactly the reference's counts.
 * `expected_scale`: the reference's sum over K equals the closed forms, and the
   library equals the reference, for every estimator.
 * The reference itself on hand-worked cases.
@@ -10,6 +11,7 @@
 
 import math
 
+import mpmath
 import numpy as np
 import pytest
 
@@ -139,7 +141,7 @@ def test_reference_all_at_n_max():
 
 def test_reference_rounding_ties_go_to_the_smaller_index():
   log_p = np.log([0.3, 0.3, 0.3])
-  counts = reference.round_to_budget(log_p, np.full(3, 2.5), target=0.6, budget=8,
+  counts = reference.round_to_budget(log_p, np.full(3, 2.5), log_gap=np.log(0.4), budget=8,
                                      n_min=2, n_max=4)
   np.testing.assert_array_equal(counts, [3, 3, 2])
 
@@ -147,9 +149,34 @@ def test_reference_rounding_ties_go_to_the_smaller_index():
 def test_reference_rounding_prefers_smallest_marginal_error():
   # Target 0.5: one more rollout moves kappa(0.5, 2) = 0.5 away from it (+), and
   # kappa(0.1, 5) = 0.3439 -> kappa(0.1, 6) = 0.40951 towards it (-): the second prompt wins.
-  counts = reference.round_to_budget(np.log([0.5, 0.1]), np.array([2.2, 5.7]), target=0.5,
-                                     budget=8, n_min=2, n_max=10)
+  counts = reference.round_to_budget(np.log([0.5, 0.1]), np.array([2.2, 5.7]),
+                                     log_gap=np.log(0.5), budget=8, n_min=2, n_max=10)
   np.testing.assert_array_equal(counts, [2, 6])
+
+
+@pytest.mark.parametrize("tau", [0.2, 3.0, 40.0, 70.0])
+def test_reference_marginal_error_keys_sort_as_the_exact_errors(tau):
+  """The keys sort as the errors (kappa(n + 1) - t)^2 - (kappa(n) - t)^2 do in 60 digits, for
+  candidates from p = e^-30 to 1 - 1e-12 at their floors of the waterline tau (and n_min = 1
+  or 4 above it), up to waterlines t = 1 - e^-70 where every kappa rounds to 1 in float64."""
+  mpmath.mp.dps = 60
+  rng = np.random.default_rng(int(tau * 10))
+  log_p = -np.exp(rng.uniform(np.log(1e-12), np.log(30.0), 200))
+  n_min = np.where(np.arange(200) % 2, 1, 4)
+  counts = np.maximum(np.floor(1 + tau / reference.failure_rate(log_p)), n_min)
+  candidate = counts < 400  # below n_max: the prompts the rounding compares
+  log_p, counts = log_p[candidate], counts[candidate].astype(int)
+  keys = reference.marginal_error_keys(log_p, counts, -tau)
+  gap = mpmath.exp(-tau)
+
+  def exact(log_p, n):
+    q = 1 - mpmath.exp(mpmath.mpf(float(log_p)))
+    return (gap - q ** int(n)) ** 2 - (gap - q ** int(n - 1)) ** 2
+
+  errors = [exact(*pair) for pair in zip(log_p, counts, strict=True)]
+  assert len(errors) >= 50 and len(set(errors)) == len(errors)  # distinct: one order
+  np.testing.assert_array_equal(np.argsort(keys, kind="stable"),
+                                sorted(range(len(errors)), key=errors.__getitem__))
 
 
 def test_reference_sera_switches_off_a_hopeless_prompt():
@@ -237,6 +264,11 @@ def test_reference_expected_scale_hand_values():
   # n = 2, p = 1/2: in a mixed group (probability 1/2) GRPO gives +-(1/2) / (1/2) = +-1, so
   # c = (1/2) * (1/2) * [1 * 1 - 1 * (-1) * 1] = 1/2 at eps = 0.
   assert reference.expected_scale("grpo", np.log(0.5), 2, eps=0.0) == pytest.approx(0.5)
+  # The sample std of a mixed pair is sqrt(2 (1/4) / 1) = 1/sqrt(2): +-1/sqrt(2), so
+  # c = (1/2) 2 p (1 - p) [1/sqrt(2) + (1/sqrt(2)) p / (1 - p)] = p / sqrt(2).
+  assert reference.expected_scale("grpo_sample_std", np.log(0.3), 2, eps=0.0) == pytest.approx(
+      0.3 / math.sqrt(2))
+  assert reference.expected_scale("grpo_sample_std", np.log(0.3), 1, eps=0.0) == 0.0
   assert reference.expected_scale("rloo", np.log(0.3), 1, eps=0.0) == 0.0
   assert reference.expected_scale("maxrl", np.log(0.3), 0) == 0.0
   with pytest.raises(ValueError, match="estimator"):

@@ -85,7 +85,7 @@ class _Prompts(NamedTuple):
   log_p: jax.Array
   log_q: jax.Array  # log(1 - p)
   lam: jax.Array  # -log(1 - p), the failure rate of docs/method.md#the-waterline
-  floor_fidelity: jax.Array  # kappa(p, n_min)
+  floor_log_gap: jax.Array  # log(1 - kappa(p, n_min)) = (n_min - 1) log q
 
 
 def _prompts(log_p: jax.Array, n_min: jax.Array) -> _Prompts:
@@ -93,7 +93,7 @@ def _prompts(log_p: jax.Array, n_min: jax.Array) -> _Prompts:
   # p >= tiny implies lambda >= tiny; the floor keeps lambda > 0 where XLA
   # flushes exp(log(tiny)) to zero.
   lam = jnp.maximum(-log_q, np.finfo(log_p.dtype).tiny)
-  return _Prompts(log_p, log_q, lam, scaling.fidelity_from_logs(log_q, n_min))
+  return _Prompts(log_p, log_q, lam, scaling.log_power(log_q, n_min - 1))
 
 
 def _waterline(lam, active, budget, n_min, n_max):
@@ -189,17 +189,24 @@ def _floors(active, continuous, n_min, n_max):
   return jnp.where(active, jnp.clip(jnp.floor(continuous).astype(jnp.int32), n_min, n_max), 0)
 
 
-def _marginal_keys(prompts, candidate, floors, target):
+def _marginal_keys(prompts, candidate, floors, log_gap):
   """The marginal squared error of one more rollout, as sortable ints (inf off candidates).
 
-  The error is that of docs/method.md#integer-rounding.
+  The error e_q of docs/method.md#integer-rounding, compared in the form that page gives:
+  from x = log r = (n - 1) log q - log(1 - target) (`log_gap` is the latter log),
+  e_q / (1 - target)^2 = g = -r p S with S = expm1(x + log q) + expm1(x), which neither
+  rounds kappa to 1 for easy prompts nor cancels for hard ones. The key is
+  sign(g) / (ceiling - log|g|), increasing in g and never underflowing: |g| <= 1 / q^2
+  and q >= epsneg (the clamp of p) keep log|g| below the ceiling 1 - 2 log(epsneg).
   """
-  marginal_error = ((scaling.fidelity_from_logs(prompts.log_q, floors + 1) - target) ** 2
-                    - (scaling.fidelity_from_logs(prompts.log_q, floors) - target) ** 2)
-  return ordering.ordered_int(jnp.where(candidate, marginal_error, jnp.inf))
+  x = scaling.log_power(prompts.log_q, jnp.maximum(floors - 1, 0)) - log_gap
+  s = jnp.expm1(x + prompts.log_q) + jnp.expm1(x)
+  ceiling = 1.0 - 2.0 * np.log(np.finfo(x.dtype).epsneg)
+  key = -jnp.sign(s) / (ceiling - (x + prompts.log_p + jnp.log(jnp.abs(s))))
+  return ordering.ordered_int(jnp.where(candidate, key, jnp.inf))
 
 
-def _round_to_budget(prompts, active, continuous, target, budget, n_min, n_max):
+def _round_to_budget(prompts, active, continuous, log_gap, budget, n_min, n_max):
   """Integer counts summing to `budget` (docs/method.md#integer-rounding).
 
   Floors the continuous solution, then gives one more rollout to the R
@@ -207,24 +214,25 @@ def _round_to_budget(prompts, active, continuous, target, budget, n_min, n_max):
   the most, ties to the smaller prompt index.
   """
   floors = _floors(active, continuous, n_min, n_max)
-  keys = _marginal_keys(prompts, active & (floors < n_max), floors, target)
+  keys = _marginal_keys(prompts, active & (floors < n_max), floors, log_gap)
   chosen = ordering.first_smallest(keys, jax.lax.sort(keys), budget - jnp.sum(floors))
   return floors + chosen.astype(jnp.int32)
 
 
 def _continuous_solution(prompts, active, budget, n_min, n_max):
-  """The waterline among `active` prompts: (continuous [M], target_fidelity).
+  """The waterline among `active` prompts: (continuous [M], log(1 - target_fidelity)).
 
   See docs/method.md#the-waterline.
   """
   num_active = jnp.sum(active.astype(jnp.int32))
   at_floor = budget == num_active * n_min
   continuous, tau = _waterline(prompts.lam, active, budget, n_min, n_max)
-  floor_fidelity = jnp.min(jnp.where(active, prompts.floor_fidelity, jnp.inf))
-  target = jnp.where(at_floor, floor_fidelity, -jnp.expm1(-tau))
-  continuous = jnp.where(at_floor, jnp.where(active, n_min.astype(target.dtype), 0.0),
+  # At the budget k n_min the target is the lowest kappa(p, n_min), the highest gap.
+  floor_log_gap = jnp.max(jnp.where(active, prompts.floor_log_gap, -jnp.inf))
+  log_gap = jnp.where(at_floor, floor_log_gap, -tau)
+  continuous = jnp.where(at_floor, jnp.where(active, n_min.astype(log_gap.dtype), 0.0),
                          continuous)
-  return continuous, target
+  return continuous, log_gap
 
 
 def _equalized(prompts, active, budget, n_min, n_max):
@@ -234,9 +242,9 @@ def _equalized(prompts, active, budget, n_min, n_max):
 
   Returns (counts, continuous, target_fidelity).
   """
-  continuous, target = _continuous_solution(prompts, active, budget, n_min, n_max)
-  counts = _round_to_budget(prompts, active, continuous, target, budget, n_min, n_max)
-  return counts, continuous, target
+  continuous, log_gap = _continuous_solution(prompts, active, budget, n_min, n_max)
+  counts = _round_to_budget(prompts, active, continuous, log_gap, budget, n_min, n_max)
+  return counts, continuous, -jnp.expm1(log_gap)
 
 
 def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
@@ -271,7 +279,7 @@ def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
     """
     active = ordering.first_smallest(keys, sorted_keys, k)
     checked = active & ~force_active
-    continuous, target = _continuous_solution(prompts, active, budget, n_min, n_max)
+    continuous, log_gap = _continuous_solution(prompts, active, budget, n_min, n_max)
     floors = _floors(active, continuous, n_min, n_max)
 
     def failing(counts):
@@ -281,7 +289,7 @@ def _select_active(prompts, budget, n_min, n_max, threshold, force_active):
     ceilings_pass = ~jnp.any(failing(jnp.minimum(floors + 1, n_max)))
 
     def rounded_up():
-      marginal_keys = _marginal_keys(prompts, active & (floors < n_max), floors, target)
+      marginal_keys = _marginal_keys(prompts, active & (floors < n_max), floors, log_gap)
       return ordering.all_among_first(marginal_keys, failing_floors, budget - jnp.sum(floors))
 
     return ceilings_pass & jax.lax.cond(jnp.any(failing_floors), rounded_up, lambda: True)
@@ -387,10 +395,13 @@ def allocate(
   Raises:
     ValueError: on invalid log-probabilities, infeasible bounds
       (n_min < 1, n_min > baseline_n, baseline_n > n_max), a threshold
-      outside [0, 1], an unknown mode, or a force_active shape mismatch.
+      outside [0, 1], an unknown mode, no prompt, or a force_active shape mismatch.
+    TypeError: a threshold that is no number, or a normalize flag that is no bool.
   """
   log_p = validation.log_probabilities("log_p", log_p)
   validation.rank("log_p", log_p, 1)
+  if not log_p.shape[0]:
+    raise ValueError("log_p must hold at least one prompt; got shape (0,).")
   validation.choice("mode", mode, MODES)
   validation.budget_bounds(baseline_n, n_min, n_max)
   if validation.is_concrete(threshold):
@@ -405,8 +416,9 @@ def allocate(
       log_p, as_int(baseline_n), as_int(n_min), as_int(n_max),
       jnp.asarray(threshold, log_p.dtype), force_active,
       mode=mode,
-      normalize_by_rollout_count=bool(normalize_by_rollout_count),
-      normalize_by_rho=bool(normalize_by_rho))
+      normalize_by_rollout_count=validation.boolean("normalize_by_rollout_count",
+                                                    normalize_by_rollout_count),
+      normalize_by_rho=validation.boolean("normalize_by_rho", normalize_by_rho))
 
 
 def max_count(mode: str, *, baseline_n: int, n_max: int) -> int:

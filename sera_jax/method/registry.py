@@ -100,9 +100,9 @@ class AllocationConfig:
         "baseline_n": validation.integer("baseline_n", self.baseline_n, minimum=1),
         "n_min": validation.integer("n_min", self.n_min, minimum=1),
         "n_max": validation.integer("n_max", self.n_max, minimum=1),
-        "normalize_by_rollout_count": _boolean("normalize_by_rollout_count",
-                                               self.normalize_by_rollout_count),
-        "normalize_by_rho": _boolean("normalize_by_rho", self.normalize_by_rho),
+        "normalize_by_rollout_count": validation.boolean("normalize_by_rollout_count",
+                                                         self.normalize_by_rollout_count),
+        "normalize_by_rho": validation.boolean("normalize_by_rho", self.normalize_by_rho),
         "round_size": validation.integer("round_size", self.round_size, minimum=1),
         "estimator": validation.choice("estimator", self.estimator,
                                        tuple(estimators.registered_estimators())),
@@ -182,12 +182,6 @@ def _keyword_pairs(name: str, value: Any) -> tuple[tuple[str, Any], ...]:
 def _plain(value: Any) -> Any:
   """A NumPy scalar as its Python value (hashed and compared as the Python value is)."""
   return value.item() if isinstance(value, np.generic) else value
-
-
-def _boolean(name: str, value: Any) -> bool:
-  if not isinstance(value, bool | np.bool_):
-    raise TypeError(f"{name} must be True or False; got {value!r} ({type(value).__name__}).")
-  return bool(value)
 
 
 class Allocator(NamedTuple):

@@ -134,6 +134,14 @@ def real(name: str, value: Any, *, minimum: float | None = None, positive: bool 
   return value
 
 
+def boolean(name: str, value: Any) -> bool:
+  """Returns `value` as a bool, refusing anything but True and False (a string "False" is
+  truthy)."""
+  if not isinstance(value, bool | np.bool_):
+    raise TypeError(f"{name} must be True or False; got {value!r} ({type(value).__name__}).")
+  return bool(value)
+
+
 def choice(name: str, value: Any, allowed: Sequence[str]) -> str:
   """Checks `value` is one of `allowed`."""
   if value not in allowed:
@@ -143,7 +151,13 @@ def choice(name: str, value: Any, allowed: Sequence[str]) -> str:
 
 def in_unit_interval(name: str, value: Any) -> float:
   """Checks a scalar hyper-parameter lies in [0, 1]."""
-  value = float(value)
+  not_a_number = TypeError(f"{name} must be a number in [0, 1]; got {value!r}.")
+  if isinstance(value, str | bytes | bool):  # float() would take "0.1" and True
+    raise not_a_number
+  try:
+    value = float(value)
+  except (TypeError, ValueError):
+    raise not_a_number from None
   if not 0.0 <= value <= 1.0:
     raise ValueError(f"{name} must lie in [0, 1]; got {value}.")
   return value

@@ -176,9 +176,15 @@ def allocation_x64(mode: str, seeds: Iterable[int], *, sizes: Sequence[int] = SI
 
 
 def allocation_float32(mode: str, seeds: Iterable[int], *, sizes: Sequence[int] = SIZES,
-                       min_within_one: float = 0.99) -> CheckResult:
-  """float32 library: exact budget, bounds, and >= 99% of counts within 1 of the reference."""
-  failures, cases, close, total = [], 0, 0, 0
+                       min_within_one: float = 0.99, min_identical: float = 0.97) -> CheckResult:
+  """float32 library: exact budget, bounds, >= 99% of counts within 1 of the reference, and
+  outside mode "sera" >= 97% of the problems given the reference's counts exactly.
+
+  float32 solves the problem clamped to float32 at float32's waterline, so a count may differ
+  at a rounding edge; in "sera" a prompt's mixed probability at the threshold decides a whole
+  active set, so there only the share within 1 is required.
+  """
+  failures, cases, close, total, identical = [], 0, 0, 0, 0
   for seed in seeds:
     problem = clamp_to_float32(sample_problem(seed, sizes))
     got = run_library(problem, mode)
@@ -198,15 +204,19 @@ def allocation_float32(mode: str, seeds: Iterable[int], *, sizes: Sequence[int] 
     if not np.all(np.isfinite(got.weights)) or not np.all(np.isfinite(got.continuous)):
       failures.append(where + "non-finite weights or continuous solution")
     close += int((np.abs(counts - want.counts) <= 1).sum())
+    identical += int(np.array_equal(counts, want.counts))
     total += counts.size
     cases += 1
   fraction = close / total
   if fraction < min_within_one:
     failures.append(f"[{mode} float32] only {fraction:.4%} of counts within 1 of the reference "
                     f"(need {min_within_one:.0%})")
+  if mode != "sera" and identical < min_identical * cases:
+    failures.append(f"[{mode} float32] only {identical} of {cases} problems get the "
+                    f"reference's counts (need {min_identical:.0%})")
   return CheckResult(f"allocate float32 budget/bounds/near ref ({mode})", cases,
-                     f"{total - close} of {total} counts off by > 1 ({fraction:.4%} within 1)",
-                     tuple(failures[:MAX_LISTED_FAILURES]))
+                     f"{total - close} of {total} counts off by > 1 ({fraction:.4%} within 1), "
+                     f"{identical} problems identical", tuple(failures[:MAX_LISTED_FAILURES]))
 
 
 # Probabilities and group sizes on which the scale functions are compared.

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 MODES = ("uniform", "equalized", "sera")
-ESTIMATORS = ("maxrl", "maxrl_plain", "grpo", "rloo", "reinforce")
+ESTIMATORS = ("maxrl", "maxrl_plain", "grpo", "grpo_sample_std", "rloo", "reinforce")
 # Estimators whose expected scale has a closed form at eps = 0
 # (docs/method.md#the-estimator-and-its-scale).
 CLOSED_FORM_ESTIMATORS = ("maxrl", "maxrl_plain", "reinforce", "rloo")
@@ -176,14 +176,32 @@ def waterline(lam: np.ndarray, budget: int, n_min: int, n_max: int) -> tuple[np.
     return np.clip(1.0 + tau / lam, n_min, n_max), float(tau)
 
 
-def round_to_budget(log_p: np.ndarray, continuous: np.ndarray, target: float, budget: int,
+def marginal_error_keys(log_p: np.ndarray, counts: np.ndarray, log_gap: float) -> np.ndarray:
+  """Keys increasing in the marginal error of docs/method.md#integer-rounding.
+
+  e_q = (kappa(n + 1) - target)^2 - (kappa(n) - target)^2 = (1 - target)^2 g_q with
+  g_q = -r p (expm1(x + log q) + expm1(x)), x = log r = (n - 1) log q - log_gap and
+  log_gap = log(1 - target): kappa rounds to 1 in floats for easy prompts, and
+  (kappa - target)^2 differences cancel for hard ones; g does neither. The key is
+  sign(g) / (1 - 2 log(epsneg) - log|g|): |g| <= 1 / q^2 <= 1 / epsneg^2 under the clamp.
+  """
+  log_q = log1mexp(log_p)
+  x = _log_failure_power(log_p, np.maximum(counts - 1, 0)) - log_gap
+  ceiling = 1.0 - 2.0 * math.log(np.finfo(np.float64).epsneg)
+  with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # non-candidates
+    s = np.expm1(x + log_q) + np.expm1(x)
+    return -np.sign(s) / (ceiling - (x + log_p + np.log(np.abs(s))))
+
+
+def round_to_budget(log_p: np.ndarray, continuous: np.ndarray, log_gap: float, budget: int,
                     n_min: int, n_max: int) -> np.ndarray:
   """Integer rounding of docs/method.md#integer-rounding.
 
   counts = clip(floor(continuous), n_min, n_max); the R = budget - sum(counts)
   remaining rollouts go one each to the candidates (counts < n_max) with the
-  smallest marginal error (kappa(n + 1) - target)^2 - (kappa(n) - target)^2,
-  ties to the smaller index (a stable sort).
+  smallest marginal error (kappa(n + 1) - target)^2 - (kappa(n) - target)^2
+  (`marginal_error_keys`, from log_gap = log(1 - target)), ties to the smaller index
+  (a stable sort).
   """
   counts = np.clip(np.floor(continuous), n_min, n_max).astype(np.int64)
   remaining = budget - int(counts.sum())
@@ -194,9 +212,8 @@ def round_to_budget(log_p: np.ndarray, continuous: np.ndarray, target: float, bu
     raise RuntimeError(f"internal error: {remaining} rollouts left for "
                        f"{int(candidates.sum())} prompts below n_max.")
   if remaining:
-    marginal = ((fidelity(log_p, counts + 1) - target) ** 2
-                - (fidelity(log_p, counts) - target) ** 2)
-    order = np.argsort(np.where(candidates, marginal, np.inf), kind="stable")
+    keys = marginal_error_keys(log_p, counts, log_gap)
+    order = np.argsort(np.where(candidates, keys, np.inf), kind="stable")
     counts[order[:remaining]] += 1
   return counts
 
@@ -221,9 +238,8 @@ def equalized(log_p: np.ndarray, budget: int, n_min: int, n_max: int) -> Equaliz
     return Equalized(np.full(k, n_min, np.int64), continuous,
                      float(fidelity(log_p, n_min).min()))
   continuous, tau = waterline(failure_rate(log_p), budget, n_min, n_max)
-  target = float(-np.expm1(-tau))
-  return Equalized(round_to_budget(log_p, continuous, target, budget, n_min, n_max),
-                   continuous, target)
+  return Equalized(round_to_budget(log_p, continuous, -tau, budget, n_min, n_max),
+                   continuous, float(-np.expm1(-tau)))
 
 
 def select_active(log_p: np.ndarray, budget: int, n_min: int, n_max: int,
@@ -357,6 +373,7 @@ def advantage_pair(estimator: str, successes: np.ndarray, n: np.ndarray,
   * maxrl:       (r - mu) / (mu + eps), both 0 when K = 0   (mu = K / n)
   * maxrl_plain: r / (mu + eps), 0 when K = 0
   * grpo:        (r - mu) / (std + eps), std = sqrt(mu (1 - mu)) (0 when std = 0)
+  * grpo_sample_std: (r - mu) / (s + eps), s = sqrt(n mu (1 - mu) / (n - 1)) (0 when s = 0)
   * rloo:        r - (K - r) / (n - 1), 0 when n = 1
   * reinforce:   r - mu
   """
@@ -373,6 +390,10 @@ def advantage_pair(estimator: str, successes: np.ndarray, n: np.ndarray,
       std = np.sqrt(mu * (1 - mu))
       a_s, a_f = (1 - mu) / (std + eps), -mu / (std + eps)
       none = std == 0  # all-same group: r - mu = 0 for everyone.
+    elif estimator == "grpo_sample_std":
+      s = np.sqrt(n * mu * (1 - mu) / (n - 1))  # NaN at n = 1: a group of one is all-same
+      a_s, a_f = (1 - mu) / (s + eps), -mu / (s + eps)
+      none = ~(s > 0)
     elif estimator == "rloo":
       a_s, a_f = 1 - (k - 1) / (n - 1), -k / (n - 1)
       none = n == 1
