@@ -221,7 +221,7 @@ def test_run_batch_writes_each_run_as_train_run_writes_it(tmp_path):
     # A sweep or a figure finds the run finished without its own checkpoints.
     assert harness_batched.run_outcome(workdir) == harness_batched.RunOutcome(
         harness_batched.default_batch_dir(workdirs), STEPS, None)
-    assert sweep.is_finished(workdir, STEPS) and not sweep.is_finished(workdir, STEPS + 1)
+    assert sweep.is_done(workdir, STEPS) and not sweep.is_done(workdir, STEPS + 1)
   # Run again, the finished batch resumes at its end; other runs in its workdirs are refused.
   assert harness_batched.run_batch(configs, workdirs) == rows
   with pytest.raises(ValueError, match="not of this batch"):
@@ -275,7 +275,7 @@ def test_a_non_finite_run_stops_alone_and_is_reported(tmp_path, caplog):
   assert [row["step"] for row in rows[1]] == [0, 1]  # its state went non-finite in step 2
   assert [row["step"] for row in train.read_metrics(workdirs[1])] == [0, 1]
   assert [harness_batched.run_outcome(w).stopped_at for w in workdirs] == [None, 2]
-  assert sweep.is_finished(workdirs[0], 4) and not sweep.is_finished(workdirs[1], 4)
+  assert sweep.is_done(workdirs[0], 4) and sweep.is_done(workdirs[1], 4)  # both: no retraining
   _assert_same_rows(_alone(configs[0])[1],
                     [{key: value for key, value in row.items() if key != "step"}
                      for row in rows[0][:STEPS]], "run 0")

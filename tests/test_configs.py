@@ -120,8 +120,11 @@ def test_a_validation_split_is_one_override(name, override):
 
 def test_train_flags_default_and_bad_override():
   assert configs.train_flags(["sera-jax train"]).config.dataset == "digits"
-  with pytest.raises((flags.Error, AttributeError, KeyError)):
+  with pytest.raises(ValueError, match=r"^--config\.batchsize: the config has no key "
+                                       r"'batchsize'\.$"):
     configs.train_flags(["sera-jax train", "--config.batchsize=3"])
+  with pytest.raises(flags.Error, match="invalid literal"):
+    configs.train_flags(["sera-jax train", "--config.batch_size=three"])
 
 
 @pytest.mark.parametrize("num_devices", [1, 2, 4, 8, 16])

@@ -110,6 +110,30 @@ def test_cli_figure_names_its_choices():
     cli.main(["figure", "nope"])
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--num-steps", "5"], r"^error: a run of 5 steps does not finish one epoch of \d+ steps; "
+                           r"train longer\.$"),
+    (["--config", "maze"], r"^error: --config maze: this figure evaluates a run of the "
+                           r"classification setting; the config's task is 'maze'\.$"),
+])
+def test_a_snapshot_figure_refuses_a_run_it_cannot_evaluate_before_training(tmp_path, args,
+                                                                           message):
+  from sera_jax.harness import cli
+  with pytest.raises(SystemExit, match=message):
+    cli.main(["figure", "scale", *args, "--workdir", str(tmp_path / "run"), "--out",
+              str(tmp_path / "out")])
+  assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", ["outcome", "scaling", "math", "maze"])
+def test_a_figures_help_describes_it_in_whole_sentences(name, capsys):
+  from sera_jax.harness import cli
+  with pytest.raises(SystemExit):
+    cli.main(["figure", name, "--help"])
+  description = capsys.readouterr().out.split("\n\n")[1]
+  assert description.rstrip().endswith("."), description
+
+
 def test_tune_then_repeat_tunes_on_the_first_seed_and_repeats_the_chosen_rate():
   batches = []
 

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -56,3 +57,14 @@ def test_labels_tell_runs_of_one_method_apart():
 def test_plot_of_a_directory_without_metrics_fails_clearly(tmp_path):
   with pytest.raises(SystemExit, match="no metric rows"):
     cli.main(["plot", str(tmp_path), f"--out={tmp_path}/x.png"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--window=0"], r"--window must be >= 1; got 0"),
+    (["--out=runs/curves"], r"--out needs a file suffix that names the format"),
+])
+def test_plot_refuses_a_bad_window_or_an_output_without_a_format(tmp_path, capsys, args,
+                                                                  message):
+  with pytest.raises(SystemExit):
+    cli.main(["plot", str(tmp_path), *args])
+  assert re.search(message, capsys.readouterr().err)

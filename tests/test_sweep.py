@@ -49,8 +49,31 @@ def test_print_commands_gives_one_train_command_per_run(tmp_path, capsys):
 
 
 def test_an_unknown_key_fails_before_any_run(tmp_path):
-  with pytest.raises(SystemExit, match="batchsize"):
+  with pytest.raises(SystemExit, match=r"--config\.batchsize: the config has no key 'batchsize'"):
     cli.main(["sweep", "--grid", "batchsize=8", "--workdir-root", str(tmp_path)])
+  assert not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("grid, message", [
+    (["seed=-1,0"], r"seed=-1: config\.seed must be >= 0; got -1\.$"),
+    (["method=sera,foo"], r"method=foo: config\.method must be one of .*; got 'foo'"),
+    (["num_steps=2", "checkpoint_every=0"], r"config\.checkpoint_every must be >= 1"),
+])
+def test_every_runs_values_are_checked_before_the_first_run(tmp_path, grid, message):
+  """A bad value in the last run of the grid stops the sweep before the first run trains."""
+  with pytest.raises(SystemExit, match=message):
+    cli.main(["sweep", *(arg for spec in grid for arg in ("--grid", spec)), "--workdir-root",
+              str(tmp_path)])
+  assert not os.listdir(tmp_path)
+
+
+def test_a_config_the_loop_does_not_train_is_refused(tmp_path):
+  with pytest.raises(SystemExit, match=r"^error: sera-jax sweep trains configs of the "
+                                       r"classification and maze settings; gsm8k_qwen3's task "
+                                       r"is 'gsm8k' \(train it with sera-jax train, one run at "
+                                       r"a time\)\.$"):
+    cli.main(["sweep", "--config", "gsm8k_qwen3", "--grid", "seed=0,1", "--print-commands",
+              "--workdir-root", str(tmp_path)])
   assert not os.listdir(tmp_path)
 
 
@@ -61,7 +84,7 @@ def test_sweep_runs_the_grid_and_skips_finished_runs(tmp_path, capsys):
   grid = ["--grid", "seed=0,1", *TINY, "--workdir-root", root]
   done, todo = sweep.expand([sweep.parse_axis(s) for s in ("seed=0,1", *TINY[1::2])], root)
   assert [row["step"] for row in train.read_metrics(done.workdir)] == [0, 1]
-  assert sweep.is_finished(done.workdir, 2) and not sweep.is_finished(todo.workdir, 2)
+  assert sweep.is_done(done.workdir, 2) and not sweep.is_done(todo.workdir, 2)
   capsys.readouterr()
 
   trained = []
@@ -69,7 +92,7 @@ def test_sweep_runs_the_grid_and_skips_finished_runs(tmp_path, capsys):
   assert f"skip {done.workdir}" in capsys.readouterr().out
   assert trained == [todo.train_args("default")]
   shutil.rmtree(os.path.join(done.workdir, "checkpoints", "2"))  # killed before the last save
-  assert not sweep.is_finished(done.workdir, 2)
+  assert not sweep.is_done(done.workdir, 2)
 
 
 @pytest.mark.slow
@@ -102,3 +125,53 @@ def test_a_batch_whose_checkpoint_is_corrupt_stops_the_sweep_and_its_advice_resu
   (batch_dir / "checkpoints" / "6").rename(tmp_path / "corrupt-6")
   cli.main(grid)
   assert [train.read_metrics(workdir) for workdir in workdirs] == whole
+
+
+@pytest.mark.slow
+def test_a_run_stopped_non_finite_in_its_batch_is_done_and_skipped(tmp_path, capsys):
+  """The batch stops a run whose state goes non-finite and trains the others to the end; the
+  sweep run again skips both, the stopped one with its step, instead of training it alone."""
+  grid = ["sweep", "--grid", "learning_rate=0.01,1e38", "--grid", "num_steps=4", "--grid",
+          "batch_size=16", "--grid", "eval_every=0", "--grid", "checkpoint_every=1",
+          "--workdir-root", str(tmp_path)]
+  cli.main(grid)
+  finished, stopped = sweep.expand([sweep.parse_axis(spec) for spec in grid[2:-2:2]],
+                                   str(tmp_path))
+  stopped_at = batched.run_outcome(stopped.workdir).stopped_at
+  assert stopped_at is not None and batched.run_outcome(finished.workdir).stopped_at is None
+  assert sweep.is_done(stopped.workdir, 4) and sweep.is_done(finished.workdir, 4)
+  capsys.readouterr()
+  trained = []
+  sweep.main(grid[1:], trained.append)
+  out = capsys.readouterr().out
+  assert not trained and f"skip {finished.workdir}: finished (4 steps)" in out
+  assert f"skip {stopped.workdir}: stopped at step {stopped_at}, non-finite" in out
+
+
+@pytest.mark.slow
+def test_a_run_goes_on_only_as_it_was_trained_batched_or_alone(tmp_path):
+  """Rows of a run trained batched and then alone (or the other way) would splice two
+  trajectories: a run of an unfinished batch is refused alone, and a run trained alone is
+  refused in a batch, each with the way to go on; the batch then finishes as it would."""
+  root = str(tmp_path / "batched")
+  grid = ["sweep", "--grid", "seed=0,1", *TINY, "--workdir-root", root]
+  cli.main(grid)
+  workdirs = [run.workdir for run in sweep.expand(
+      [sweep.parse_axis(spec) for spec in grid[2:-2:2]], root)]
+  whole = [train.read_metrics(workdir) for workdir in workdirs]
+  for workdir in workdirs:  # as a batch killed before it marked its runs finished
+    os.remove(os.path.join(workdir, batched.OUTCOME_FILE))
+  batch_dir = train.batch_of(workdirs[0])
+  with pytest.raises(SystemExit, match=f"^error: {workdirs[0]} holds a run of the batch in "
+                                       f"{batch_dir}, whose checkpoints hold its state"):
+    cli.main([*grid, "--one-by-one"])
+  cli.main(grid)
+  assert [train.read_metrics(workdir) for workdir in workdirs] == whole
+
+  root = str(tmp_path / "alone")
+  cli.main(["sweep", "--grid", "seed=0", *TINY, "--workdir-root", root, "--one-by-one"])
+  alone, = sweep.expand([sweep.parse_axis(spec) for spec in ("seed=0", *TINY[1::2])], root)
+  shutil.rmtree(os.path.join(alone.workdir, "checkpoints", "2"))  # killed before its last save
+  with pytest.raises(SystemExit, match=f"^error: {alone.workdir} holds the rows of a run "
+                                       f"trained alone, not of this batch"):
+    cli.main(["sweep", "--grid", "seed=0,1", *TINY, "--workdir-root", root])

@@ -19,7 +19,7 @@ import tensorflow_datasets as tfds
 from corrupt_checkpoints import corrupt_checkpoint, listing
 from etils.epath import gpath
 
-from sera_jax.common import files
+from sera_jax.common import files, sharding
 from sera_jax.common.tf import tensorflow
 from sera_jax.harness import cli, configs, sweep, train
 from sera_jax.harness.configs.base import classification as base_config
@@ -33,6 +33,26 @@ TINY = ["--config.num_steps=6", "--config.eval_every=3", "--config.checkpoint_ev
 def _cli(*args, env=None):
   return subprocess.run([sys.executable, "-m", "sera_jax.harness.cli", *args], capture_output=True,
                         text=True, env=env, timeout=600)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config.bogus=1"], r"^error: --config\.bogus: the config has no key 'bogus'\.$"),
+    (["--config.dataset_kwargs.bogus=3"],
+     r"^error: --config\.dataset_kwargs\.bogus: the config has no key 'dataset_kwargs\.bogus'"),
+    (["--config", "maze", "--config.bogus", "3"], r"^error: --config\.bogus: the config has no"),
+    (["--num_processes=2"], r"^error: --num_processes: settings of a multi-host job, given "
+                            r"without --multihost\.$"),
+    (["--multihost"], r"^error: --multihost: coordinator_address should be defined\.$"),
+])
+def test_bad_train_arguments_end_with_one_line_before_anything_is_written(tmp_path, monkeypatch,
+                                                                          args, message):
+  def no_cluster(*unused):  # jax.distributed.initialize's error where it detects no cluster
+    raise ValueError("coordinator_address should be defined.")
+
+  monkeypatch.setattr(sharding, "initialize_distributed", no_cluster)
+  with pytest.raises(SystemExit, match=message):
+    cli.main(["train", *args, f"--workdir={tmp_path}/run"])
+  assert not os.listdir(tmp_path)
 
 
 @pytest.mark.slow
@@ -174,6 +194,7 @@ def test_batch_not_divisible_by_the_devices():
 def test_resume_without_checkpoint_and_changed_config(tmp_path):
   result = _cli("train", f"--workdir={tmp_path}/none", "--resume", *TINY)
   assert result.returncode != 0 and "no checkpoint" in result.stderr
+  assert not (tmp_path / "none").exists()  # refused before anything is created
   assert _cli("train", f"--workdir={tmp_path}/run", *TINY).returncode == 0
   changed = _cli("train", f"--workdir={tmp_path}/run", *TINY, "--config.method=uniform")
   assert changed.returncode != 0 and "method" in changed.stderr
@@ -250,6 +271,15 @@ def test_a_non_finite_update_is_never_saved_as_the_last_good_checkpoint(tmp_path
         jax.random.PRNGKey(0))))
   assert not train.non_finite_leaves(restored)
   assert [row["step"] for row in train.read_metrics(str(tmp_path))] == [0, 1]
+
+
+def test_a_run_that_goes_non_finite_before_its_first_checkpoint_says_it_saved_none(tmp_path):
+  config = ml_collections.ConfigDict(dict(task="toy", method="toy", seed=0, num_steps=6,
+                                          eval_every=0, checkpoint_every=4))
+  with pytest.raises(train.NonFiniteError, match=r"at step 2; the run stops here and it saved "
+                                                 r"no checkpoint\.$"):
+    train.run(config, str(tmp_path), task=_PoisonedUpdateTask(poison_step=2))
+  assert not list((tmp_path / "checkpoints").iterdir())
 
 
 def test_a_corrupted_checkpoint_stops_the_resumed_run_with_one_line_and_changes_nothing(tmp_path):

@@ -117,8 +117,11 @@ def _check_workdirs(configs, workdirs, batch_dir) -> bool:
     return True
   for workdir in workdirs:
     if train.read_metrics(workdir):
-      raise ValueError(f"{workdir} holds the rows of a run that is not of this batch; "
-                       f"choose another workdir or delete it.")
+      other = train.batch_of(workdir)
+      trained = f"of the batch in {other}" if other else "trained alone"
+      raise ValueError(f"{workdir} holds the rows of a run {trained}, not of this batch: go "
+                       f"on as it was trained (its sweep or figure again, as it was), or "
+                       f"delete the workdir.")
   return False
 
 
@@ -165,6 +168,7 @@ def run_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
   for run, workdir in zip(batch.configs, workdirs, strict=True):
     directory = files.path(workdir)
     directory.mkdir(parents=True, exist_ok=True)
+    files.write_text(directory / train.BATCH_MARK, json.dumps({"batch_dir": str(batch_dir)}))
     # Rows after the checkpoint resumed from are dropped: those steps are redone.
     rows.append([row for row in train.read_metrics(directory) if row["step"] < start])
     files.write_text(directory / train.CONFIG_FILE, run.to_json_best_effort(indent=2))

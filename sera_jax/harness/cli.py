@@ -75,9 +75,18 @@ def train(argv: list[str]) -> None:
     raise SystemExit(f"error: sera-jax train runs a config whose task is one of "
                      f"{', '.join((*LOOP_TASKS, 'gsm8k'))}; got {task!r} (a figure's config, "
                      f"like math, runs with `sera-jax figure`).")
+  multihost_only = [f"--{name}" for name in ("coordinator", "num_processes", "process_id")
+                    if values[name].present]
+  if multihost_only and not values.multihost:
+    raise SystemExit(f"error: {', '.join(multihost_only)}: settings of a multi-host job, "
+                     f"given without --multihost.")
   if values.multihost:
     from sera_jax.common import sharding
-    sharding.initialize_distributed(values.coordinator, values.num_processes, values.process_id)
+    try:
+      sharding.initialize_distributed(values.coordinator, values.num_processes,
+                                      values.process_id)
+    except (ValueError, RuntimeError) as error:
+      raise SystemExit(f"error: --multihost: {error}") from None
   from sera_jax.harness import train as training
 
   config = values.config
@@ -129,13 +138,19 @@ def plot(argv: list[str]) -> None:
   from sera_jax.harness import plotting
   parser = argparse.ArgumentParser(prog="sera-jax plot", description=plot.__doc__)
   parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-  parser.add_argument("--out", default="alignment_runs.png", help="PNG path; the CSV of the "
-                      "plotted series goes next to it with suffix .csv.")
-  parser.add_argument("--window", type=int, default=20, help="Moving-average window.")
+  parser.add_argument("--out", default="alignment_runs.png", help="PNG path (or another format "
+                      "matplotlib writes, by its suffix); the CSV of the plotted series goes "
+                      "next to it with suffix .csv.")
+  parser.add_argument("--window", type=int, default=20, help="Moving-average window (>= 1).")
   args = parser.parse_args(argv)
+  if args.window < 1:
+    parser.error(f"--window must be >= 1; got {args.window}.")
+  if not pathlib.Path(args.out).suffix:
+    parser.error(f"--out needs a file suffix that names the format (.png, .pdf, .svg); got "
+                 f"{args.out!r}.")
   try:
     labels = plotting.plot_runs(args.run_dirs, args.out, window=args.window)
-  except FileNotFoundError as error:
+  except (FileNotFoundError, ValueError) as error:  # ValueError: a format matplotlib lacks
     raise SystemExit(f"error: {error}") from None
   print(f"wrote {args.out} and its .csv ({', '.join(labels)})")
 

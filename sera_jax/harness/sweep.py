@@ -13,8 +13,10 @@ classification and maze settings) train together as one program
 (`sera_jax.harness.batched.run_batch`, each run writing its own workdir as
 `train` does), every other run by itself, one after another (all of them with
 --one-by-one). A run whose workdir already holds all num_steps metric rows and its final
-checkpoint (or the mark of the batch that trained it) is skipped, so an interrupted sweep
-is finished by running it again (partial runs and batches resume from their checkpoint).
+checkpoint (or the mark of the batch that trained it, to the end or to the step where the
+run went non-finite) is skipped, so an interrupted sweep is finished by running it again
+(partial runs and batches resume from their checkpoint, each as it was trained: batched or
+alone).
 Values cannot contain commas.
 """
 
@@ -74,23 +76,30 @@ def expand(axes: Sequence[tuple[str, list[str]]], workdir_root: str) -> list[Run
   return runs
 
 
-def is_finished(workdir: str, num_steps: int) -> bool:
-  """True when `workdir` holds one metric row per step and either its own final checkpoint
-  or the mark of a batch that trained it to the end (`batched.run_outcome`)."""
-  final_checkpoint = files.path(workdir) / train.CHECKPOINT_DIR / str(num_steps)
+def is_done(workdir: str, num_steps: int) -> bool:
+  """True when the run in `workdir` needs no more training: the batch that trained it ended
+  after `num_steps` steps (`batched.run_outcome`) with a row a step up to the end or up to
+  the step where the run went non-finite, or, trained alone, it holds a row a step and its
+  final checkpoint."""
   steps = [row["step"] for row in train.read_metrics(workdir)]
   outcome = batched.run_outcome(workdir)
-  return steps == list(range(num_steps)) and (
-      final_checkpoint.is_dir() or (outcome is not None and outcome.num_steps == num_steps))
+  if outcome is not None and outcome.num_steps == num_steps:
+    end = num_steps if outcome.stopped_at is None else outcome.stopped_at
+    return steps == list(range(end))
+  final_checkpoint = files.path(workdir) / train.CHECKPOINT_DIR / str(num_steps)
+  return steps == list(range(num_steps)) and final_checkpoint.is_dir()
 
 
 def resolve_config(config_path: str, run: Run):
-  """The config `sera-jax train` would run for `run` (overrides parsed as the CLI does)."""
+  """The config `sera-jax train` would run for `run` (overrides parsed as the CLI does),
+  checked as `train.run` checks it before it builds its task."""
   try:
-    values = configs.train_flags(["sera-jax train", *run.train_args(config_path)])
-  except (flags.Error, AttributeError, KeyError, ValueError, FileNotFoundError) as error:
+    config = configs.train_flags(["sera-jax train", *run.train_args(config_path)]).config
+    train.check_config(config)
+  except (flags.Error, AttributeError, KeyError, ValueError, TypeError,
+          FileNotFoundError) as error:
     raise SystemExit(f"error: {run.workdir}: {error}") from None
-  return values.config
+  return config
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -118,9 +127,13 @@ def main(argv: list[str], train_command: Callable[[list[str]], None]) -> list[Ru
   """
   args = _parse(argv)
   try:
-    configs.config_file(args.config)
+    task = configs.load(args.config).get("task")
   except FileNotFoundError as error:
     raise SystemExit(f"error: {error}") from None
+  if task not in train.SETTINGS:
+    raise SystemExit(f"error: sera-jax sweep trains configs of the {' and '.join(train.SETTINGS)} "
+                     f"settings; {args.config}'s task is {task!r} (train it with sera-jax "
+                     f"train, one run at a time).")
   root = args.workdir_root or os.path.join("runs", f"sweep-{pathlib.Path(args.config).stem}")
   try:
     runs = expand([parse_axis(spec) for spec in args.grid], root)
@@ -138,8 +151,11 @@ def main(argv: list[str], train_command: Callable[[list[str]], None]) -> list[Ru
       train.check_same_run(config, run.workdir)
     except ValueError as error:
       raise SystemExit(f"error: {error}") from None
-    if is_finished(run.workdir, config.num_steps):
-      print(f"[{index}/{len(runs)}] skip {run.workdir}: finished ({config.num_steps} steps)")
+    if is_done(run.workdir, config.num_steps):
+      outcome = batched.run_outcome(run.workdir)
+      how = (f"stopped at step {outcome.stopped_at}, non-finite" if outcome and
+             outcome.stopped_at is not None else f"finished ({config.num_steps} steps)")
+      print(f"[{index}/{len(runs)}] skip {run.workdir}: {how}")
     else:
       pending.append((index, run, config))
   groups = ([[i] for i in range(len(pending))] if args.one_by_one
@@ -154,5 +170,9 @@ def main(argv: list[str], train_command: Callable[[list[str]], None]) -> list[Ru
     indices = ",".join(str(index) for index, _, _ in members)
     print(f"[{indices}/{len(runs)}] train as one batch: "
           f"{' '.join(run.workdir for _, run, _ in members)}", flush=True)
-    batched.run_batch([config for _, _, config in members], [run.workdir for _, run, _ in members])
+    try:
+      batched.run_batch([config for _, _, config in members],
+                        [run.workdir for _, run, _ in members])
+    except ValueError as error:
+      raise SystemExit(f"error: {error}") from None
   return runs

@@ -22,6 +22,7 @@ may be a bucket URL (gs://...) as well as a local path; Orbax gets it unchanged.
 """
 
 import contextlib
+import importlib
 import json
 import logging
 import math
@@ -56,6 +57,12 @@ LEGACY_METRICS_FILE = "metrics.jsonl"
 METRICS_PART = re.compile(r"(\d+)-(\d+)\.jsonl")  # metrics/<leg>-<part>.jsonl
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
+# In the workdir of a run of a batch (sera_jax.harness.batched): the batch directory, whose
+# checkpoints hold the run's state.
+BATCH_MARK = "batch.json"
+# The settings the loop trains: config.task -> (their module, its task's class).
+SETTINGS = {"classification": ("sera_jax.settings.classification.task", "ClassificationTask"),
+            "maze": ("sera_jax.settings.maze.task", "MazeTask")}
 TENSORBOARD_DIR = "tensorboard"
 PROFILE_DIR = "profile"
 PROGRESS_KEYS = ("cos/sera_expected", "cos/uniform_expected", "loss", "accuracy", "pass@1")
@@ -278,15 +285,32 @@ def profile_steps(config: ml_collections.ConfigDict) -> range:
   return range(int(first), int(stop))
 
 
+def _setting(config: ml_collections.ConfigDict) -> tuple[Any, str]:
+  """The module of the setting config.task names, and the name of its task's class."""
+  if config.task not in SETTINGS:
+    raise ValueError(f"config.task must be one of {', '.join(SETTINGS)}; got {config.task!r}.")
+  module, task_class = SETTINGS[config.task]
+  return importlib.import_module(module), task_class
+
+
 def build_task(config: ml_collections.ConfigDict) -> Task:
   """The task named by config.task."""
-  if config.task == "classification":
-    from sera_jax.settings.classification.task import ClassificationTask
-    return ClassificationTask(config)
-  if config.task == "maze":
-    from sera_jax.settings.maze.task import MazeTask
-    return MazeTask(config)
-  raise ValueError(f"config.task must be 'classification' or 'maze'; got {config.task!r}.")
+  module, task_class = _setting(config)
+  return getattr(module, task_class)(config)
+
+
+def check_config(config: ml_collections.ConfigDict) -> None:
+  """The checks of `config` that `run` makes before it compiles, without building the task:
+  the loop's keys, then its setting's for one device (a task checks its own mesh when built,
+  and a batch of runs trains on one device)."""
+  validate_run_config(config)
+  _setting(config)[0].validate_config(config, 1)
+
+
+def batch_of(workdir: epath.PathLike) -> str | None:
+  """The directory of the batch that trains (or trained) the run in `workdir`, or None."""
+  mark = files.path(workdir) / BATCH_MARK
+  return json.loads(mark.read_text())["batch_dir"] if mark.exists() else None
 
 
 def _stored_rows(text: str) -> list[dict]:
@@ -393,9 +417,17 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
   """
   # Every config value is checked, and the model built, before anything is written.
   validate_run_config(config)
+  batch_dir = batch_of(workdir)
+  if batch_dir is not None:
+    raise ValueError(f"{workdir} holds a run of the batch in {batch_dir}, whose checkpoints "
+                     f"hold its state: go on as it was trained (the same sweep or figure, "
+                     f"batched), or delete the workdir to train it alone.")
   task = task or build_task(config)
   state = task.init_state(jax.random.PRNGKey(config.seed))
   directory = files.path(workdir)
+  nothing_to_resume = f"--resume: no checkpoint in {workdir}/{CHECKPOINT_DIR} to resume from."
+  if resume and not (directory / CHECKPOINT_DIR).exists():
+    raise FileNotFoundError(nothing_to_resume)  # before anything is created
   directory.mkdir(parents=True, exist_ok=True)
   is_writer = jax.process_index() == 0
   manager = ocp.CheckpointManager(
@@ -406,8 +438,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
   try:
     state, start = restore_latest(manager, state, workdir)
     if resume and not start:
-      raise FileNotFoundError(
-          f"--resume: no checkpoint in {workdir}/{CHECKPOINT_DIR} to resume from.")
+      raise FileNotFoundError(nothing_to_resume)
   except (CheckpointError, FileNotFoundError):
     manager.close()
     raise
@@ -436,10 +467,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
       bad += non_finite_leaves(state)
       if bad:
         listed = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-        raise NonFiniteError(
-            f"non-finite {listed} at step {step}; the run stops here and the last "
-            f"good checkpoint (step {last_saved}) is kept in {workdir}/{CHECKPOINT_DIR}.",
-            step)
+        kept = (f"the last good checkpoint (step {last_saved}) is kept in "
+                f"{workdir}/{CHECKPOINT_DIR}" if last_saved else "it saved no checkpoint")
+        raise NonFiniteError(f"non-finite {listed} at step {step}; the run stops here and "
+                             f"{kept}.", step)
       done = step + 1
       if config.eval_every and (done % config.eval_every == 0 or done == config.num_steps):
         row |= task.evaluate(state)

@@ -70,9 +70,20 @@ def train_flags(argv: list[str]) -> flags.FlagValues:
 
   Raises:
     FileNotFoundError: --config names no file and no shipped config.
-    flags.Error, AttributeError, KeyError, ValueError: a bad flag or config override.
+    ValueError: an override of a key the config lacks.
+    flags.Error, AttributeError, KeyError, ValueError: another bad flag or config override.
   """
   argv = resolve_config_argument(argv)
+  try:
+    return _parsed_train_flags(argv)
+  except AttributeError:  # ml_collections' locked config: a KeyError('key') inside
+    unknown = _unknown_override(argv)
+    if unknown is None:
+      raise
+    raise ValueError(f"--config.{unknown}: the config has no key {unknown!r}.") from None
+
+
+def _parsed_train_flags(argv: list[str]) -> flags.FlagValues:
   values = flags.FlagValues()
   # config_flags reads the --config.KEY overrides from sys_argv when defining them.
   config_flags.DEFINE_config_file(
@@ -91,3 +102,20 @@ def train_flags(argv: list[str]) -> flags.FlagValues:
   flags.DEFINE_integer("process_id", None, "This process's id (multihost).", flag_values=values)
   values(argv)
   return values
+
+
+def _unknown_override(argv: list[str]) -> str | None:
+  """The first --config.KEY override of `argv` (a resolved one) naming no key of its config."""
+  files = [arg.removeprefix("--config=") for arg in argv if arg.startswith("--config=")]
+  files += [value for arg, value in zip(argv, argv[1:], strict=False) if arg == "--config"]
+  config = load(files[-1] if files else DEFAULT)
+  for arg in argv:
+    if not arg.startswith("--config."):
+      continue
+    key = arg.removeprefix("--config.").partition("=")[0]
+    node = config
+    for part in key.split("."):
+      if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+        return key
+      node = node[part]
+  return None

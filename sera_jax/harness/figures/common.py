@@ -54,18 +54,15 @@ def snapshot_steps(num_steps: int, steps_per_epoch: int) -> dict[str, int]:
   return {"early": steps_per_epoch, "mid": middle, "late": last}
 
 
-def train_for_snapshots(config: ml_collections.ConfigDict, workdir: str) -> ClassificationTask:
-  """Runs (or resumes, or finds finished) `config` in `workdir` with a checkpoint per epoch.
-
-  Returns the task, whose model and dataset the evaluations use.
-  """
-  task = ClassificationTask(config)
+def train_for_snapshots(config: ml_collections.ConfigDict, workdir: str,
+                        task: ClassificationTask) -> None:
+  """Runs (or resumes, or finds finished) `config`'s `task` in `workdir` with a checkpoint
+  per epoch."""
   steps_per_epoch = task.dataset.steps_per_epoch(config.batch_size)
   config.checkpoint_every = steps_per_epoch
   config.checkpoints_to_keep = config.num_steps // steps_per_epoch + 2
   train.check_same_run(config, workdir)
   train.run(config, workdir, task=task)
-  return task
 
 
 def load_state(task: ClassificationTask, workdir: str, step: int) -> TrainState:
@@ -117,13 +114,12 @@ def nan_scores(ks: Sequence[int]) -> dict[str, float]:
 
 
 def _done(config: ml_collections.ConfigDict, workdir: str) -> TrainedRun | None:
-  """The run in `workdir` when it is done (finished, or stopped by its batch); else None."""
+  """The run in `workdir` when it is done (`sweep.is_done`: finished, or stopped by its
+  batch); else None."""
+  if not sweep.is_done(workdir, config.num_steps):
+    return None
   outcome = batched.run_outcome(workdir)
-  if outcome is not None and outcome.num_steps == config.num_steps:  # its batch ended
-    return TrainedRun(train.read_metrics(workdir), outcome.stopped_at)
-  if sweep.is_finished(workdir, config.num_steps):  # trained alone
-    return TrainedRun(train.read_metrics(workdir), None)
-  return None
+  return TrainedRun(train.read_metrics(workdir), outcome.stopped_at if outcome else None)
 
 
 def train_or_read_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
@@ -270,7 +266,7 @@ def forward_logits(task: ClassificationTask, state: TrainState, images) -> jax.A
 def figure_parser(name: str, description: str) -> argparse.ArgumentParser:
   """The parser of `sera-jax figure NAME`, with the `--out DIR` every figure takes."""
   parser = argparse.ArgumentParser(prog=f"sera-jax figure {name}",
-                                   description=description.split("\n")[0])
+                                   description=description.split("\n\n")[0])
   parser.add_argument("--out", default=OUT_DIR,
                       help=f"directory of the figure's PNG and CSV (default {OUT_DIR})")
   return parser
@@ -309,6 +305,9 @@ def prepare_run(args: argparse.Namespace) -> tuple[ClassificationTask, str, dict
     config = configs.load(args.config)
   except FileNotFoundError as error:
     raise SystemExit(f"error: {error}") from None
+  if config.get("task") != "classification":
+    raise SystemExit(f"error: --config {args.config}: this figure evaluates a run of the "
+                     f"classification setting; the config's task is {config.get('task')!r}.")
   config.method = args.method
   config.align_every = 10  # the run's own alignment.png; the figures measure their own
   if args.num_steps is not None:
@@ -319,10 +318,12 @@ def prepare_run(args: argparse.Namespace) -> tuple[ClassificationTask, str, dict
       "runs", f"figures-{pathlib.Path(args.config).stem}-{config.method}-{config.num_steps}steps"
       f"-m{config.batch_size}")
   try:
-    task = train_for_snapshots(config, workdir)
+    task = ClassificationTask(config)
+    # Checked before training: a run shorter than an epoch has no snapshot to evaluate.
+    steps = snapshot_steps(config.num_steps, task.dataset.steps_per_epoch(config.batch_size))
+    train_for_snapshots(config, workdir, task)
   except ValueError as error:  # e.g. the workdir holds a run of another config
     raise SystemExit(f"error: {error}") from None
-  steps = snapshot_steps(config.num_steps, task.dataset.steps_per_epoch(config.batch_size))
   return task, workdir, steps
 
 

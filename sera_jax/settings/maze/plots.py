@@ -30,6 +30,7 @@ def plot_runs(runs: list[tuple[str, list[dict]]], path: str, *, window: int = 20
   right.set_xscale("log", base=2)
   for axis in (left, right):
     axis.grid(alpha=0.3)
-    axis.legend()
+    if axis.get_legend_handles_labels()[0]:  # none before the first evaluation
+      axis.legend()
   fig.tight_layout()
   save_figure(fig, path, dpi=120)
