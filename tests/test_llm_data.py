@@ -10,6 +10,7 @@ import pytest
 from pyarrow import parquet
 from tiny_qwen import save_tokenizer
 
+from sera_jax.harness import configs
 from sera_jax.settings.llm import data, gsm8k
 
 # Two rows of each format, its fields as the sources name them, and the (questions, references,
@@ -108,11 +109,8 @@ def test_only_parquet_and_jsonl_files_that_exist_and_parse(tmp_path):
 def test_the_columns_ask_for_the_answer_each_grader_reads(tmp_path):
   """GSM8K's prompt asks for a plain number at the end, MATH's for a \\boxed{} answer; both in
   the tokenizer's chat template, with the learner's columns."""
-  from tunix.generate import tokenizer_adapter
   save_tokenizer(tmp_path)
-  tokenizer = tokenizer_adapter.Tokenizer(tokenizer_type="huggingface",
-                                          tokenizer_path=str(tmp_path), add_bos=False,
-                                          add_eos=False)
+  tokenizer = gsm8k.load_tokenizer(configs.load("gsm8k_qwen3"), str(tmp_path))
   for format_name, instruction in (("gsm8k", gsm8k.INSTRUCTION),
                                    ("math", "put your final answer within \\boxed{}.")):
     problems = data.load(write(tmp_path / f"{format_name}.jsonl", ROWS[format_name][0]),
@@ -122,3 +120,25 @@ def test_the_columns_ask_for_the_answer_each_grader_reads(tmp_path):
     assert columns["prompts"][0].endswith(f"{instruction}<|im_end|>\n<|im_start|>assistant\n")
     assert columns["answer"].tolist() == problems.answers
     np.testing.assert_array_equal(columns["idx"], problems.index)
+
+
+def test_a_prompt_holding_the_pad_token_is_refused_and_config_pad_token_pads_with_another(
+    tmp_path):
+  """A tokenizer that pads with its EOS, <|im_end|>, finds it inside every ChatML prompt, where
+  Tunix's sampler and loss would mask it: refused in one line. config.pad_token pads with a
+  token no prompt holds, which must be one token of the vocabulary."""
+  save_tokenizer(tmp_path, pad_token="<|im_end|>")
+  problems = data.load(write(tmp_path / "gsm8k.jsonl", ROWS["gsm8k"][0]), "gsm8k")
+  config = configs.load("gsm8k_qwen3")
+  with pytest.raises(ValueError, match=r"^problem 0's prompt holds the tokenizer's pad token "
+                                       r"\(id \d+\), .*set config\.pad_token to a token no "
+                                       r"prompt holds\.$"):
+    data.columns(problems, gsm8k.load_tokenizer(config, str(tmp_path)), max_prompt_length=256)
+  config.pad_token = "<|endoftext|>"
+  tokenizer = gsm8k.load_tokenizer(config, str(tmp_path))
+  assert tokenizer.pad_id() == tokenizer.encode("<|endoftext|>")[0] != tokenizer.eos_id()
+  assert len(data.columns(problems, tokenizer, max_prompt_length=256)["prompts"]) == 2
+  config.pad_token = "ab"
+  with pytest.raises(ValueError, match=r"^config\.pad_token: 'ab' is 2 tokens of this "
+                                       r"tokenizer, not one\.$"):
+    gsm8k.load_tokenizer(config, str(tmp_path))

@@ -35,10 +35,7 @@ def tokenizer_dir(tmp_path_factory):
 @pytest.fixture
 def tokenizer(tokenizer_dir):
   """The stand-in through Tunix's Hugging Face adapter, as `load_pretrained` builds it."""
-  from tunix.generate import tokenizer_adapter
-  return tokenizer_adapter.Tokenizer(tokenizer_type="huggingface",
-                                     tokenizer_path=str(tokenizer_dir), add_bos=False,
-                                     add_eos=False)
+  return gsm8k.load_tokenizer(configs.load("gsm8k_qwen3"), str(tokenizer_dir))
 
 
 @pytest.fixture

@@ -39,17 +39,19 @@ def byte_vocabulary() -> dict[str, int]:
   return {symbol: i for i, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
 
 
-def save_tokenizer(directory, eos_token: str = "<|im_end|>") -> None:
+def save_tokenizer(directory, eos_token: str = "<|im_end|>",
+                   pad_token: str = "<|endoftext|>") -> None:
   """A byte-level BPE (every byte a token, no merges) with the ChatML special tokens and
   template, saved as Hugging Face tokenizer files: any text encodes, offline. An instruct
   model's eos_token is "<|im_end|>" (SmolLM2-Instruct's, Qwen's chat models'), a Qwen base
-  checkpoint's "<|endoftext|>"; the pad is "<|endoftext|>" for both."""
+  checkpoint's "<|endoftext|>"; the pad is Qwen's "<|endoftext|>" unless `pad_token` says
+  otherwise (a tokenizer may pad with its EOS)."""
   backend = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=byte_vocabulary(), merges=[]))
   backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
   backend.decoder = decoders.ByteLevel()
   backend.add_special_tokens(list(SPECIAL_TOKENS))
   tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend,
-                                                   pad_token="<|endoftext|>",
+                                                   pad_token=pad_token,
                                                    eos_token=eos_token)
   tokenizer.chat_template = CHATML
   tokenizer.save_pretrained(str(directory))

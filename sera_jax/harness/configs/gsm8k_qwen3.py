@@ -68,6 +68,8 @@ def get_config():
   # <|endoftext|>; Qwen3's generation config stops at both. SeraLearner trains whichever one
   # each rollout sampled (docs/llm.md, "Stop tokens").
   config.stop_tokens = ("<|im_end|>", "<|endoftext|>")
+  # "" pads with the tokenizer's own pad token (Qwen's <|endoftext|>, which no prompt holds).
+  config.pad_token = ""
   config.rollout_seed = 0  # each generation its own key
   # Memory: the budget B = 4096 rollouts is generated generation_batch_size at a time (the
   # KV cache, whole on every device) and trained train_micro_batch_size prompts' rollouts at

@@ -42,6 +42,10 @@ def get_config():
   config.kv_cache_size = 2560
   # SmolLM2-Instruct's EOS is <|im_end|>, which ends its turn.
   config.stop_tokens = ("<|im_end|>",)
+  # Padded with <|endoftext|>, which no prompt holds: a tokenizer that pads with its EOS,
+  # <|im_end|>, would have the sampler and the loss mask every end of turn of the chat
+  # template out of the prompts (data.problems refuses such prompts).
+  config.pad_token = "<|endoftext|>"
   # The largest that fit 8 devices of 80 GB with a fifth to spare, by benchmarks/llm_memory.py
   # (docs/scaling_llm.md): 128 rollouts need 31 GiB a device (256: 62; the float32 KV cache
   # is whole on every device), a micro-step of 2 prompts 32 GiB (4: 63).

@@ -186,12 +186,20 @@ def problems(questions: Sequence[str], answers: Sequence[str], tokenizer, *,
 
   Raises:
     ValueError: a prompt is longer than max_prompt_length tokens (Tunix's sampler would
-      otherwise fail on the KV cache when a batch first holds it).
+      otherwise fail on the KV cache when a batch first holds it), or it holds the
+      tokenizer's pad token, which Tunix's sampler and loss mask out of every sequence.
   """
   prompts = [prompt(q, tokenizer, enable_thinking=enable_thinking, instruction=instruction)
              for q in questions]
+  encoded = [tokenizer.encode(p) for p in prompts]
+  padded = next((i for i, tokens in enumerate(encoded) if tokenizer.pad_id() in tokens), None)
+  if padded is not None:
+    raise ValueError(f"problem {padded}'s prompt holds the tokenizer's pad token (id "
+                     f"{tokenizer.pad_id()}), which Tunix's sampler and loss mask out of every "
+                     f"sequence, so the policy would not see it: set config.pad_token to a "
+                     f"token no prompt holds.")
   # Tokens as Tunix's sampler counts them: BOS (when the tokenizer has one), then the text.
-  lengths = [len(tokenizer.encode(p)) + bool(tokenizer.bos_id()) for p in prompts]
+  lengths = [len(tokens) + bool(tokenizer.bos_id()) for tokens in encoded]
   longest = int(np.argmax(lengths))
   if lengths[longest] > max_prompt_length:
     raise ValueError(f"problem {longest}'s prompt has {lengths[longest]} tokens, more than "

@@ -186,9 +186,7 @@ def load_pretrained(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, 
     if not list(epath.Path(local).glob("*.safetensors")):
       raise FileNotFoundError(f"config.model_dir {config.model_dir} holds no *.safetensors "
                               f"checkpoint.")
-    # add_bos/add_eos False: the sampler adds BOS itself; an EOS ends no prompt.
-    tokenizer = tokenizer_adapter.Tokenizer(tokenizer_type="huggingface", tokenizer_path=local,
-                                            add_bos=False, add_eos=False)
+    tokenizer = load_tokenizer(config, local)
     model = FAMILIES[config.model_family][1].create_model_from_safe_tensors(
         local, model_config, mesh,
         # Tunix's Llama has no param_dtype: its weights load in config.param_dtype.
@@ -196,16 +194,36 @@ def load_pretrained(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh, 
   return model, tokenizer
 
 
+def load_tokenizer(config: ml_collections.ConfigDict,
+                   directory: str) -> tokenizer_adapter.Tokenizer:
+  """The Hugging Face tokenizer files in `directory` through Tunix's adapter, padding with
+  config.pad_token when it names one (its own pad token otherwise).
+
+  Tunix's sampler and loss mask every pad id out of a sequence, so a pad token the prompts
+  hold (a chat template's end of turn, where a tokenizer pads with its EOS) would vanish from
+  them: `data.problems` refuses such prompts, and config.pad_token names another.
+  """
+  # add_bos/add_eos False: the sampler adds BOS itself; an EOS ends no prompt.
+  tokenizer = tokenizer_adapter.Tokenizer(tokenizer_type="huggingface", tokenizer_path=directory,
+                                          add_bos=False, add_eos=False)
+  if config.get("pad_token"):
+    token_id(tokenizer, config.pad_token, "config.pad_token")
+    tokenizer.tokenizer.pad_token = config.pad_token
+  return tokenizer
+
+
+def token_id(tokenizer, token: str, key: str) -> int:
+  """The id of `token` (the value of config `key`), which must be one token of `tokenizer`."""
+  encoded = tokenizer.encode(token)
+  if len(encoded) != 1:
+    raise ValueError(f"{key}: {token!r} is {len(encoded)} tokens of this tokenizer, not one.")
+  return encoded[0]
+
+
 def stop_ids(tokenizer, stop_tokens: Sequence[str]) -> list[int]:
   """EOS and the ids of `stop_tokens`, each of which must be one token of the vocabulary."""
-  ids = {tokenizer.eos_id()}
-  for token in stop_tokens:
-    encoded = tokenizer.encode(token)
-    if len(encoded) != 1:
-      raise ValueError(f"stop token {token!r} is {len(encoded)} tokens of this tokenizer, not "
-                       f"one; set config.stop_tokens.")
-    ids.add(encoded[0])
-  return sorted(ids)
+  return sorted({tokenizer.eos_id()} | {token_id(tokenizer, token, "config.stop_tokens")
+                                        for token in stop_tokens})
 
 
 # ---- the learner --------------------------------------------------------------------------
