@@ -525,11 +525,26 @@ def test_an_estimator_and_its_parameters_compile_once():
     assert len(traces) == traced
   assert estimators.estimator_spec("pkpo", k=4) == estimators.estimator_spec("pkpo", k=np.int64(4))
   assert estimators.estimator_spec("pkpo", k=4) != estimators.estimator_spec("pkpo", k=3)
+  # Equal values of other types are other parameters: jit traces (and checks) them anew.
+  assert estimators.estimator_spec("pkpo", k=4) != estimators.estimator_spec("pkpo", k=4.0)
+  advantages(REWARDS, MASK, estimator="pkpo", k=4)
+  with pytest.raises(TypeError, match="k must be an int"):
+    advantages(REWARDS, MASK, estimator="pkpo", k=4.0)
   spec = estimators.estimator_spec("maclaurin", order=8)
   assert hash(spec) == hash(estimators.estimator_spec("maclaurin", order=8))
   assert str(spec) == "maclaurin(order=8)"
   np.testing.assert_array_equal(advantages(REWARDS, MASK, estimator=spec),
                                 advantages(REWARDS, MASK, estimator="maclaurin", order=8))
+
+
+def test_a_user_function_with_var_positional_arguments_takes_its_keyword_parameters():
+  def scaled(*args, scale=1.0):
+    reward, group_size, successes = args
+    return scale * (reward - successes / group_size)
+
+  np.testing.assert_allclose(advantages(REWARDS, MASK, estimator=scaled, scale=2.0),
+                             2 * _by_hand("reinforce"), rtol=1e-6, atol=1e-6)
+  assert str(estimators.estimator_spec(scaled, scale=2.0)) == "scaled(scale=2.0)"
 
 
 def test_a_user_function_takes_eps_when_it_asks_for_it():
@@ -594,6 +609,16 @@ def test_a_registered_estimator_is_used_by_name(registry):
 def test_registration_is_checked(registry, name, kwargs, match):
   with pytest.raises(ValueError, match=match):
     sera_jax.register_estimator(name, _halved_rloo, **kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(source=None), r"^source must be a string; got None\.$"),
+    (dict(source="x", objectives="log_p"), r"^objectives must be a sequence of objectives, "
+                                           r"e\.g\. \('log_p',\); got the string 'log_p'\.$"),
+])
+def test_registration_refuses_arguments_of_the_wrong_type(registry, kwargs, match):
+  with pytest.raises(TypeError, match=match):
+    sera_jax.register_estimator("mine", _halved_rloo, **kwargs)
 
 
 @pytest.mark.slow

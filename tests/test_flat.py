@@ -131,6 +131,32 @@ def test_bad_buffers_are_rejected_with_a_clear_message(call, match):
     call()
 
 
+@pytest.mark.parametrize("estimator", ["reinforce", "maxrl"])
+def test_padding_slots_of_a_buffer_built_under_jit_take_no_part(estimator):
+  """Under jit `rollout_segments` gives the slots past sum(counts) the id M: their advantage and
+  weight are 0 and the other slots' are the buffer's without them (a gather would have read
+  them as the last prompt's)."""
+  counts, weights = jnp.array([1, 2]), jnp.array([1.0, 2.0])
+  rewards = jnp.array([1.0, 0.0, 1.0, 1.0])
+
+  @jax.jit
+  def loss_parts(counts, rewards, log_probs):
+    segments = sera_jax.rollout_segments(counts, 4)
+    advantages = sera_jax.flat_advantages(rewards, segments, num_prompts=2, estimator=estimator)
+    per_rollout = sera_jax.rollout_weights(weights, segments, baseline_n=2)
+    gradient = jax.grad(sera_jax.flat_policy_loss)(log_probs, advantages, segments, weights,
+                                                   baseline_n=2)
+    return segments, advantages, per_rollout, gradient
+
+  segments, advantages, per_rollout, gradient = loss_parts(counts, rewards, jnp.zeros(4))
+  np.testing.assert_array_equal(segments, [0, 1, 1, 2])
+  assert advantages[3] == per_rollout[3] == gradient[3] == 0
+  whole = sera_jax.flat_advantages(rewards[:3], jnp.array([0, 1, 1]), num_prompts=2,
+                                   estimator=estimator)
+  np.testing.assert_array_equal(advantages[:3], whole)
+  np.testing.assert_allclose(per_rollout[:3], np.array([1.0, 2.0, 2.0]) / 4)
+
+
 def test_flat_staging_equals_padded_staging():
   counts = np.array([3, 0, 2, 4], np.int32)
   rewards = np.array([1, 0, 1, 0, 0, 1, 1, 0, 1], np.float32)

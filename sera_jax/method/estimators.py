@@ -60,6 +60,21 @@ class Estimator(NamedTuple):
     extra = {"eps": eps} if self.takes_eps else {}
     return self.advantage(reward, group_size, successes, **dict(self.params), **extra)
 
+  # Equal and hashed with each parameter's type: jit keys its cache of static arguments by ==,
+  # under which k=4.0 would reuse the program traced for k=4 and skip the checks of tracing.
+  def _typed(self) -> tuple:
+    return (self.name, self.advantage, tuple((key, type(value), value)
+                                             for key, value in self.params), self.takes_eps)
+
+  def __eq__(self, other) -> bool:
+    return isinstance(other, Estimator) and self._typed() == other._typed()
+
+  def __ne__(self, other) -> bool:
+    return not self == other
+
+  def __hash__(self) -> int:
+    return hash(self._typed())
+
   def __str__(self) -> str:
     params = ", ".join(f"{key}={value!r}" for key, value in self.params)
     return f"{self.name}({params})" if params else self.name
@@ -103,7 +118,9 @@ def _keywords(fn: Callable) -> tuple[dict[str, Any], bool, bool]:
     raise TypeError(f"an estimator is a function a(reward, group_size, successes, **params); "
                     f"{getattr(fn, '__name__', fn)!r} takes {len(positional)} positional "
                     "argument(s).")
-  rest = [p for p in parameters[3:] if p.kind in (kind.POSITIONAL_OR_KEYWORD, kind.KEYWORD_ONLY)]
+  # Past (reward, group_size, successes): what a caller can pass by keyword.
+  rest = ([p for p in positional[3:] if p.kind == kind.POSITIONAL_OR_KEYWORD]
+          + [p for p in parameters if p.kind == kind.KEYWORD_ONLY])
   keywords = {p.name: p.default for p in rest if p.name != "eps"}
   takes_eps = any(p.name == "eps" for p in rest)
   return keywords, takes_eps, any(p.kind == kind.VAR_KEYWORD for p in parameters)
@@ -122,7 +139,9 @@ def _spec(name: str, fn: Callable, params: Mapping[str, Any]) -> Estimator:
   if missing:
     raise TypeError(f"estimator {name!r} needs the keyword parameter(s) {', '.join(missing)}.")
   merged = {key: default for key, default in keywords.items() if default is not _EMPTY}
-  merged.update(params)
+  # NumPy scalars as Python ones: np.int64(4) is the parameter k=4 (`Estimator._typed`).
+  merged.update({key: value.item() if isinstance(value, np.generic) else value
+                 for key, value in params.items()})
   for key, value in merged.items():
     try:
       hash(value)
@@ -259,13 +278,20 @@ def register_estimator(name: str, fn: Callable, *, source: str, objectives: Sequ
   Raises:
     ValueError: `name` is taken by another function, `source` is empty, or an objective does
       not parse or names a parameter `fn` does not take.
+    TypeError: `name` or `source` is no string, `objectives` is one string, or `fn` does not
+      take (reward, group_size, successes).
   """
   if not isinstance(name, str) or not name:
     raise TypeError(f"name must be a non-empty string; got {name!r}.")
   keywords, _, _ = _keywords(fn)
+  if not isinstance(source, str):
+    raise TypeError(f"source must be a string; got {source!r}.")
   if not source.strip():
     raise ValueError("source must say where the formula comes from (a paper, a repository "
                      "and a file).")
+  if isinstance(objectives, str):
+    raise TypeError(f"objectives must be a sequence of objectives, e.g. ({objectives!r},); got "
+                    f"the string {objectives!r}.")
   objectives = tuple(objectives)
   for objective in objectives:
     resolve_objective(objective, 2, {key: 1 for key in keywords})
@@ -458,7 +484,8 @@ register_estimator(
     "pkpo", _pkpo, source=f"PKPO, Walder & Karkhanis 2025, arXiv 2505.15201, as {_MAXRL_REPO}/"
     "core_algos.py compute_pkpo_outcome_advantage has it (k = pass_k)", objectives=("pass@k",),
     formula="a = r C(F,k-1) / C(n-1,k-1), then (n a - sum a) / (n - 1); 0 for n < k",
-    scale="p (1-p)^(k-2) [(1-p) + (k-1) p / (n-1)] for n >= max(k, 2); 0 for n < k")
+    scale="p (1-p)^(k-2) [(1-p) + (k-1) p / (n-1)] for n >= max(k, 2); p at n = k = 1; "
+    "0 for n < k")
 register_estimator(
     "one_sided_grpo", _one_sided_grpo,
     source=f"{_MAXRL_REPO}/core_algos.py compute_one_sided_grpo_outcome_advantage",

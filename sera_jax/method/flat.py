@@ -26,7 +26,8 @@ def rollout_segments(counts: jax.Array, budget: int) -> jax.Array:
 
   Args:
     counts: int [M] rollouts of each prompt (e.g. `Allocation.counts`), summing to
-      `budget` (checked when concrete; under jit slots past sum(counts) get id M).
+      `budget` (checked when concrete; under jit slots past sum(counts) get id M, which
+      the functions below treat as padding: advantage 0, weight 0).
     budget: B, the buffer length (static).
 
   Returns:
@@ -73,7 +74,9 @@ def flat_advantages(rewards: jax.Array, segment_ids: jax.Array, *, num_prompts: 
 
   Args:
     rewards: [B] rewards, each 0 or 1.
-    segment_ids: int [B], the prompt of each rollout, in [0, num_prompts) (any order).
+    segment_ids: int [B], the prompt of each rollout, in [0, num_prompts) (any order);
+      under jit an id num_prompts marks a padding slot (`rollout_segments`), whose
+      advantage is 0.
     num_prompts: M (static).
     estimator: as in `sera_jax.advantages`: a registered name, a function
       a(reward, group_size, successes), or an `Estimator`.
@@ -97,8 +100,10 @@ def flat_advantages(rewards: jax.Array, segment_ids: jax.Array, *, num_prompts: 
 def _flat_advantages(rewards, segment_ids, *, num_prompts, estimator, eps):
   group_size = jax.ops.segment_sum(jnp.ones_like(rewards), segment_ids, num_prompts)
   successes = jax.ops.segment_sum(rewards, segment_ids, num_prompts)
-  return estimators.rollout_advantage(estimator, rewards, group_size[segment_ids],
-                                      successes[segment_ids], eps)
+  advantages = estimators.rollout_advantage(estimator, rewards, group_size[segment_ids],
+                                            successes[segment_ids], eps)
+  # A gather clamps an out-of-range id to the last prompt: padding slots read as prompt M - 1.
+  return jnp.where(segment_ids < num_prompts, advantages, 0)
 
 
 def rollout_weights(weights: jax.Array, segment_ids: jax.Array, *, baseline_n: int
@@ -107,7 +112,7 @@ def rollout_weights(weights: jax.Array, segment_ids: jax.Array, *, baseline_n: i
 
   Args:
     weights: [M] prompt weights w_q (`Allocation.weights`).
-    segment_ids: int [B], the prompt of each rollout.
+    segment_ids: int [B], the prompt of each rollout (M: a padding slot, weight 0).
     baseline_n: N0.
 
   Returns:
@@ -117,7 +122,8 @@ def rollout_weights(weights: jax.Array, segment_ids: jax.Array, *, baseline_n: i
   weights, segment_ids = jnp.asarray(weights), jnp.asarray(segment_ids)
   validation.rank("weights", weights, 1)
   _check_buffer(segment_ids, weights.shape[0])
-  return weights[segment_ids] / (weights.shape[0] * baseline_n)
+  num_prompts = weights.shape[0]
+  return jnp.where(segment_ids < num_prompts, weights[segment_ids], 0) / (num_prompts * baseline_n)
 
 
 def flat_policy_loss(log_probs: jax.Array, advantages: jax.Array, segment_ids: jax.Array,
