@@ -69,7 +69,8 @@ def log_uniform(key: jax.Array, shape: tuple[int, ...], dtype=jnp.float32) -> ja
 
   jax.random.uniform has a resolution of 2^-23, so P(U < 1e-9) would be 0;
   here U = 2^-Z v with Z the leading zeros of U's random binary expansion
-  (geometric, as for a uniform) and v uniform on [1/2, 1) from 24 more bits.
+  (geometric, as for a uniform) and v uniform on [1/2, 1) from 23 more bits
+  (float32's whole significand, its leading bit the 1/2).
   Z comes from one 32-bit word; only when some word is all zeros (probability
   2^-32 each) are three more drawn, so a draw costs two words.
   """
