@@ -12,26 +12,27 @@ from sera_jax.harness.figures import maze
 @pytest.mark.slow
 def test_maze_figure_smoke_and_its_cache_refuses_a_run_of_another_config(tmp_path, capsys,
                                                                         monkeypatch):
-  # Two rates at the tuning seed, then two seeds at the chosen rate: both batches of a method
-  # are one program (of 2 runs), compiled once.
-  args = ["--tiny", "--seeds", "3", "--tuning-seeds", "1", "--learning-rates", "3e-4", "1e-3",
+  # Two rates at the tuning seed 100, then seeds 0 and 1 at the chosen rate: both batches of a
+  # method are one program (of 2 runs), compiled once.
+  args = ["--tiny", "--seeds", "2", "--tuning-seeds", "1", "--learning-rates", "3e-4", "1e-3",
           "--methods", "sera", "uniform", "--workdir", str(tmp_path / "runs"),
           "--out", str(tmp_path)]
   maze.main(args)
   grid = files.read_csv(tmp_path / "maze_passk_tiny_rates.csv")
   assert sorted((r["method"], float(r["learning_rate"]), r["seed"]) for r in grid) == [
-      ("sera", 3e-4, "0"), ("sera", 1e-3, "0"), ("uniform", 3e-4, "0"), ("uniform", 1e-3, "0")]
+      ("sera", 3e-4, "100"), ("sera", 1e-3, "100"), ("uniform", 3e-4, "100"),
+      ("uniform", 1e-3, "100")]
   for method in ("sera", "uniform"):
     runs = sorted((r for r in grid if r["method"] == method),
                   key=lambda r: (-float(r["validation_pass@16"]), float(r["learning_rate"])))
     assert [r["chosen"] for r in runs] == ["True", "False"]
-    # Seeds 1 and 2 trained only at the chosen rate, as one batch.
+    # The reported seeds 0 and 1 trained only at the chosen rate, as one batch.
     chosen, other = (float(run["learning_rate"]) for run in runs)
-    outcome = batched.run_outcome(tmp_path / "runs" / f"{method}-lr{chosen:g}-seed1")
+    outcome = batched.run_outcome(tmp_path / "runs" / f"{method}-lr{chosen:g}-seed0")
     batch = json.loads((files.path(outcome.batch_dir) / batched.RUNS_FILE).read_text())
     assert [files.path(workdir).name for workdir in batch] == [
-        f"{method}-lr{chosen:g}-seed{seed}" for seed in (1, 2)]
-    assert not (tmp_path / "runs" / f"{method}-lr{other:g}-seed1").exists()
+        f"{method}-lr{chosen:g}-seed{seed}" for seed in (0, 1)]
+    assert not (tmp_path / "runs" / f"{method}-lr{other:g}-seed0").exists()
   assert (tmp_path / "maze_passk_tiny_rates.png").stat().st_size > 0
   rows = files.read_csv(tmp_path / "maze_passk_tiny.csv")
   methods = {r["method"] for r in rows}

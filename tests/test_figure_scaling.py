@@ -11,9 +11,9 @@ from sera_jax.harness.figures import common
 @pytest.mark.slow
 def test_budget_scaling_smoke_and_its_cache_refuses_a_run_of_another_config(tmp_path, capsys):
   from sera_jax.harness.figures import scaling
-  # Two rates at seed 0, then seeds 1 and 2 at the chosen rate: both batches of a (method, N0)
-  # are one program (of 2 runs), compiled once.
-  args = ["--baselines", "2", "4", "--seeds", "0", "1", "2", "--num-steps", "4",
+  # Two rates at the tuning seed 100, then seeds 1 and 2 at the chosen rate: both batches of a
+  # (method, N0) are one program (of 2 runs), compiled once.
+  args = ["--baselines", "2", "4", "--seeds", "1", "2", "--num-steps", "4",
           "--methods", "ce", "uniform", "sera", "--learning-rates", "0.05", "0.2",
           "--workdir-root", str(tmp_path / "runs"), "--out", str(tmp_path)]
   scaling.main([*args, "--eval-every", "2"])
@@ -27,12 +27,14 @@ def test_budget_scaling_smoke_and_its_cache_refuses_a_run_of_another_config(tmp_
   out = capsys.readouterr().out
   assert "sera - uniform" in out and "seed 1; sera N0=2 lr" in out and "seed 2: one batch" in out
   assert len(list((tmp_path / "runs" / "4steps").iterdir())) == 3  # ce, N0=2, N0=4
-  # Seed 0 at both rates, seeds 1 and 2 at the chosen one: 4 runs for ce and for each
-  # (method, N0), trained as two batches.
+  # The tuning seed at both rates, seeds 1 and 2 at the chosen one: 4 runs for ce and for
+  # each (method, N0), trained as two batches; the tuning seed is not reported.
   trained = [path.name for path in (tmp_path / "runs" / "4steps" / "N0=2").iterdir()]
   assert len([name for name in trained if not name.startswith("batch-")]) == 2 * 4
   assert len([name for name in trained if name.startswith("batch-")]) == 2 * 2
+  assert {r["seed"] for r in rows} == {"1", "2"}
   grid = files.read_csv(tmp_path / "budget_scaling_rates.csv")
+  assert {r["seed"] for r in grid} == {"100"}
   assert len(grid) == 2 * (1 + 2 * 2) and (tmp_path / "budget_scaling_rates.png").stat().st_size
   chosen = {(r["N0"], r["method"]): r["learning_rate"] for r in grid if r["chosen"] == "True"}
   assert {(r["N0"], r["method"]): r["learning_rate"] for r in rows

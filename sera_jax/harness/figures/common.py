@@ -167,45 +167,71 @@ def choose_rate(scores: Mapping[float, float]) -> float:
   return max(sorted(scores), key=lambda rate: -np.inf if np.isnan(scores[rate]) else scores[rate])
 
 
+# The first seed that chooses a figure's learning rates (the math figure's config.tuning_seeds
+# start here too), apart from the seeds a figure reports: a run's validation and held-out
+# scores share its luck, so the run that won the choice would report a held-out score biased
+# upward (the winner's curse), where a reported seed's run at the chosen rate is independent
+# of the choice.
+TUNING_SEED = 100
+
+
+def tuning_seeds(count: int) -> list[int]:
+  """The first `count` tuning seeds: TUNING_SEED, TUNING_SEED + 1, ..."""
+  return list(range(TUNING_SEED, TUNING_SEED + count))
+
+
+def check_reported_seeds(parser: argparse.ArgumentParser, seeds: Sequence[int],
+                         tuning: Sequence[int]) -> None:
+  """Refuses (parser.error) reported seeds that repeat or that tune."""
+  if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+    parser.error("--seeds must be distinct and >= 0")
+  shared = sorted(set(seeds) & set(tuning))
+  if shared:
+    parser.error(f"--seeds {shared} are tuning seeds (those from {TUNING_SEED} on, which "
+                 f"choose the rates and are not reported): report other seeds")
+
+
 class TunedRuns(NamedTuple):
   """A learning rate chosen on validation, and the runs behind it."""
   rate: float  # the chosen rate
   scores: dict[float, float]  # {rate: mean validation score over the tuning seeds}
   grid: dict[float, dict[int, Any]]  # {rate: {tuning seed: its run}}
-  runs: dict[int, Any]  # {seed: the run at the chosen rate}, the tuning seeds' included
+  runs: dict[int, Any]  # {reported seed: its run at the chosen rate}
 
 
 def tune_then_repeat(train_grid, rates: Sequence[float], seeds: Sequence[int], validation_score,
-                     *, num_tuning_seeds: int = 1) -> TunedRuns:
-  """Trains the first `num_tuning_seeds` seeds at every rate, chooses the rate of the best mean
-  `validation_score(run)` over them, then trains the other seeds at it.
+                     *, tuning_seeds: Sequence[int]) -> TunedRuns:
+  """Trains `tuning_seeds` at every rate, chooses the rate of the best mean
+  `validation_score(run)` over them, then trains the reported `seeds` at it.
 
-  The tuning seeds' runs at the chosen rate are among the reported seeds: the
-  choice looked only at the validation split, so their held-out numbers are as
-  unbiased as the others'.
+  The tuning seeds are not reported (see `TUNING_SEED`): only the validation split chose the
+  rate, but a tuning run's held-out score shares the luck that won it the choice.
 
   Args:
     train_grid: [(rate, seed), ...] -> [its run, ...] in that order (whatever the figure keeps
-      of a run): called twice, for the whole tuning grid and for the other seeds, so that
+      of a run): called twice, for the whole tuning grid and for the reported seeds, so that
       each can train as one batch.
     rates: the grid.
-    seeds: the reported seeds; the first `num_tuning_seeds` also tune.
+    seeds: the reported seeds.
     validation_score: run -> its score on the validation split (NaN: unusable, e.g. diverged;
       a rate with one such run is never chosen).
-    num_tuning_seeds: how many seeds tune, 1 <= num_tuning_seeds <= len(seeds).
+    tuning_seeds: the seeds that choose the rate (`tuning_seeds()`), none of them reported.
   """
-  if not 1 <= num_tuning_seeds <= len(seeds):
-    raise ValueError(f"num_tuning_seeds must be in [1, {len(seeds)}]; got {num_tuning_seeds}.")
-  tuning = list(seeds[:num_tuning_seeds])
+  tuning = list(tuning_seeds)
+  if not tuning:
+    raise ValueError("tuning_seeds must hold at least one seed.")
+  shared = sorted(set(tuning) & set(seeds))
+  if shared:
+    raise ValueError(f"seeds {shared} both tune and are reported; a tuning run's held-out "
+                     f"score is biased by the choice it won.")
   points = [(rate, seed) for rate in rates for seed in tuning]
   trained = dict(zip(points, train_grid(points), strict=True))
   grid = {rate: {seed: trained[rate, seed] for seed in tuning} for rate in rates}
   scores = {rate: float(np.mean([validation_score(run) for run in per_seed.values()]))
             for rate, per_seed in grid.items()}
   rate = choose_rate(scores)
-  others = [(rate, seed) for seed in seeds[num_tuning_seeds:]]
-  runs = grid[rate] | {seed: run for (_, seed), run
-                       in zip(others, train_grid(others) if others else [], strict=True)}
+  reported = [(rate, seed) for seed in seeds]
+  runs = dict(zip(seeds, train_grid(reported), strict=True))
   return TunedRuns(rate, scores, grid, runs)
 
 

@@ -9,9 +9,10 @@ policy replaying training solutions, is the memorisation baseline (exact).
 
 Each method's RL learning rate is chosen from --learning-rates by its mean
 pass@16 on validation mazes (their shortest paths occur in no training and no
-held-out maze) over the first --tuning-seeds seeds, which train at every rate;
-the other seeds train at the chosen rate only. The held-out mazes play no part
-in the choice.
+held-out maze) over --tuning-seeds tuning seeds (100, 101, ...), which train at
+every rate and are never reported (the run that wins the choice would report a
+held-out score biased by its luck); the reported seeds train at the chosen rate
+only. The held-out mazes play no part in the choice.
 
   sera-jax figure maze            # CPU config, 3 methods x 4 rates x 2 tuning seeds, 10 seeds
   sera-jax figure maze --tiny     # a smoke run (a few minutes)
@@ -24,7 +25,7 @@ maze_passk_rates.png and maze_passk_rates.csv (the whole grid: validation and
 held-out pass@k of every tuning run) into --out, and one training workdir per
 run under --workdir (metrics/, TensorBoard; a run of the same config is resumed
 or read back, one of another config stops the figure). Each method's tuning
-grid trains as one program, its other seeds as another (`sera-jax sweep`'s
+grid trains as one program, its reported seeds as another (`sera-jax sweep`'s
 batches: their checkpoints in a batch-* directory beside the runs), and a run
 that goes non-finite scores NaN (never chosen) while the others go on.
 --tiny names its files maze_passk_tiny* and trains under runs/maze_passk_tiny.
@@ -88,10 +89,10 @@ def warm_start_pass_at_k(task: MazeTask, seeds) -> dict[int, list[float]]:
 REFERENCES = (WARM_START, MAZE_BLIND)  # not RL methods: no paired difference to uniform
 
 
-def tune_and_train(config, methods, seeds, learning_rates, num_tuning_seeds, workdir, start,
+def tune_and_train(config, methods, seeds, learning_rates, tuning_seeds, workdir, start,
                    one_by_one=False) -> dict[str, common.TunedRuns]:
   """{method: its runs (the last metric row of each) at the rate chosen on validation}; each
-  method's tuning grid trains as one batch, then its other seeds as another."""
+  method's tuning grid trains as one batch, then its reported seeds as another."""
   tuned = {}
   for method in methods:
 
@@ -117,7 +118,7 @@ def tune_and_train(config, methods, seeds, learning_rates, num_tuning_seeds, wor
 
     tuned[method] = common.tune_then_repeat(
         train_grid, learning_rates, seeds, lambda row: row[f"validation/pass@{CHOSEN_BY}"],
-        num_tuning_seeds=num_tuning_seeds)
+        tuning_seeds=tuning_seeds)
     common.print_choice(method, f"pass@{CHOSEN_BY}", tuned[method])
   return tuned
 
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--tiny", action="store_true", help="a small smoke run")
   parser.add_argument("--seeds", type=int, default=10, help="seeds 0, 1, ..., SEEDS-1")
   parser.add_argument("--tuning-seeds", type=int, default=2,
-                      help="the first TUNING_SEEDS seeds train at every rate (default 2)")
+                      help="how many tuning seeds (100, 101, ...; never reported) train at "
+                      "every rate (default 2)")
   parser.add_argument("--learning-rates", nargs="+", type=float, default=list(LEARNING_RATES),
                       help="the grid each method chooses its RL rate from")
   parser.add_argument("--methods", nargs="+", default=["sera", "uniform", "grpo"])
@@ -158,8 +160,10 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--workdir", default=None, help="default runs/maze_passk[_tiny]")
   common.add_one_by_one(parser)
   args = parser.parse_args(argv)
-  if not 1 <= args.tuning_seeds <= args.seeds:
-    parser.error("--tuning-seeds must be in [1, --seeds]")
+  if args.tuning_seeds < 1:
+    parser.error("--tuning-seeds must be >= 1")
+  tuning_seeds = common.tuning_seeds(args.tuning_seeds)
+  common.check_reported_seeds(parser, list(range(args.seeds)), tuning_seeds)
   if not all(rate > 0 for rate in args.learning_rates):
     parser.error("every learning rate must be > 0")
   if args.maze_size is not None:
@@ -181,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
   results = {WARM_START: warm_start_pass_at_k(task, seeds),
              MAZE_BLIND: dict.fromkeys(seeds, blind)}
   tuned = tune_and_train(config, args.methods, seeds, sorted(set(args.learning_rates)),
-                         args.tuning_seeds, workdir, start, args.one_by_one)
+                         tuning_seeds, workdir, start, args.one_by_one)
   results |= {method: {seed: [row[f"pass@{k}"] for k in PASS_AT_K]
                        for seed, row in runs.runs.items()} for method, runs in tuned.items()}
   stem = NAME + "_tiny" * args.tiny
