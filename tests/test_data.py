@@ -1,6 +1,7 @@
 """Tests for sera_jax.data: determinism, resumption and per-host sharding of every pipeline."""
 
 import os
+import shlex
 
 import numpy as np
 import pytest
@@ -153,7 +154,7 @@ def tiny_tfds_dir(tmp_path_factory) -> str:
 
 
 def test_unprepared_imagenet_data_dir_says_where_files_go_and_how_to_build(tmp_path):
-  data_dir = os.fspath(tmp_path)
+  data_dir = os.fspath(tmp_path / "image net")  # a space: the command quotes the paths
   with pytest.raises(FileNotFoundError) as raised:
     data.get_dataset("imagenet2012", data_dir=data_dir)
   message = str(raised.value)
@@ -161,7 +162,9 @@ def test_unprepared_imagenet_data_dir_says_where_files_go_and_how_to_build(tmp_p
   assert f"into {manual_dir}/" in message
   assert "ILSVRC2012_img_train.tar" in message
   assert "ILSVRC2012_img_val.tar" in message
-  assert f"tfds build imagenet2012 --data_dir={data_dir} --manual_dir={manual_dir}" in message
+  command = message.rpartition("\n")[2].strip()
+  assert shlex.split(command) == ["tfds", "build", "imagenet2012", f"--data_dir={data_dir}",
+                                  f"--manual_dir={manual_dir}"]
 
 
 def test_imagenet_pipeline_under_mock_data(tmp_path):

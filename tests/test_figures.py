@@ -244,6 +244,12 @@ def test_training_outcome_smoke_and_its_cache_refuses_a_run_of_another_config(tm
     outcome.main(args)
 
 
+def test_a_csv_reads_back_every_field_as_written(tmp_path):
+  rows = [{"a": "x\ry", "b": "1"}, {"a": "p\r\nq", "b": "two, quoted"}, {"a": "", "b": "\n"}]
+  files.write_csv(tmp_path / "rows.csv", rows)
+  assert files.read_csv(tmp_path / "rows.csv") == rows
+
+
 def test_a_pass_at_k_csv_reads_back_as_the_results_it_was_written_from(tmp_path):
   seeds, ks = [0, 3], [1, 2, 4]
   results = {"warm start": {0: [0.1, 0.2, 0.3], 3: [0.0, 0.05, 0.1]},

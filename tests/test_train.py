@@ -510,6 +510,30 @@ def test_tensorboard_events_read_back_with_the_logged_scalars(tmp_path):
   assert logged == {("loss", row["step"]): pytest.approx(row["loss"]) for row in rows}
 
 
+def test_tensorboard_shows_the_steps_a_resumed_leg_redoes_once(tmp_path):
+  """A leg killed after step 14 whose run resumes from its checkpoint of step 10: TensorBoard
+  (its own event accumulator) shows steps 10-14 once, the resumed leg's, as `read_metrics`
+  reads them; before each leg started with a session start it showed them twice."""
+  from tensorboard.backend.event_processing import plugin_event_accumulator
+  from tensorboard.util import tensor_util
+  killed = train.MetricLog(tmp_path)
+  for step in range(15):
+    killed.write({"step": step, "loss": float(step)})
+  killed.flush()  # stored, never closed: the process died
+  resumed = train.MetricLog(tmp_path, start_step=10)
+  for step in range(10, 20):
+    resumed.write({"step": step, "loss": 100.0 + step})
+  resumed.close()
+  events = plugin_event_accumulator.EventAccumulator(str(tmp_path / train.TENSORBOARD_DIR),
+                                                     size_guidance={"tensors": 0})
+  events.Reload()
+  shown = [(event.step, tensor_util.make_ndarray(event.tensor_proto).item())
+           for event in events.Tensors("loss")]
+  assert shown == [(row["step"], row["loss"]) for row in train.read_metrics(tmp_path)]
+  assert shown == [(step, float(step)) for step in range(10)] + [
+      (step, 100.0 + step) for step in range(10, 20)]
+
+
 @pytest.mark.slow
 def test_profile_steps_write_a_trace_into_the_workdir(tmp_path):
   config = base_config()

@@ -47,7 +47,9 @@ def write_csv(location: epath.PathLike, rows: Sequence[Mapping[str, Any]],
 
 def read_csv(location: epath.PathLike) -> list[dict[str, str]]:
   """The rows of a CSV file (as `write_csv` writes them), each a dict of its header's keys."""
-  return list(csv.DictReader(io.StringIO(path(location).read_text())))
+  # csv reads its own line ends (newline=""): universal newlines would turn a quoted "\r"
+  # into "\n".
+  return list(csv.DictReader(io.StringIO(path(location).read_bytes().decode(), newline="")))
 
 
 def write_text(location: epath.PathLike, text: str) -> None:

@@ -172,7 +172,7 @@ def run_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[s
     # Rows after the checkpoint resumed from are dropped: those steps are redone.
     rows.append([row for row in train.read_metrics(directory) if row["step"] < start])
     files.write_text(directory / train.CONFIG_FILE, run.to_json_best_effort(indent=2))
-    logs.append(train.MetricLog(directory))
+    logs.append(train.MetricLog(directory, start))
   try:
     for step in range(start, config.num_steps):
       states, metrics = batch.train_step(states, step)

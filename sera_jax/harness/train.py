@@ -80,15 +80,21 @@ class TensorBoardWriter:
   """Scalars in one TensorBoard event file, written through epath (so a bucket URL works).
 
   The records are TensorBoard's own (its record writer and scalar summaries, the
-  format tf.summary writes); each flush uploads the file whole on an object store.
+  format tf.summary writes); each flush uploads the file whole on an object store. The file
+  opens with a session start at `start_step`: TensorBoard takes every start after a run's
+  first as a restart and drops the earlier files' events from that step on, so the steps a
+  resumed leg redoes are shown once, as `read_metrics` reads them.
   """
 
-  def __init__(self, logdir: epath.PathLike):
+  def __init__(self, logdir: epath.PathLike, start_step: int = 0):
     logdir = files.path(logdir)
     logdir.mkdir(parents=True, exist_ok=True)
     name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}.v2"
     self._records = record_writer.RecordWriter((logdir / name).open("wb"))
     self._write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
+    self._write(event_pb2.Event(wall_time=time.time(), step=start_step,
+                                session_log=event_pb2.SessionLog(
+                                    status=event_pb2.SessionLog.START)))
 
   def _write(self, event: event_pb2.Event) -> None:
     self._records.write(event.SerializeToString())
@@ -126,17 +132,18 @@ class MetricLog:
   object is uploaded whole), so on a bucket every flush closes its part, uploading the rows
   since the previous flush once, and the next rows start a new part. Flushes happen before
   every checkpoint (so a checkpoint's rows are stored first) and at least every
-  FLUSH_SECONDS. TensorBoard gets one event file a leg, stored whole at each flush.
+  FLUSH_SECONDS. TensorBoard gets one event file a leg, stored whole at each flush, which
+  replaces the earlier legs' events from `start_step` (the step the leg resumes at) on.
   """
 
-  def __init__(self, workdir: epath.PathLike):
+  def __init__(self, workdir: epath.PathLike, start_step: int = 0):
     workdir = files.path(workdir)
     self._folder = workdir / METRICS_DIR
     self._folder.mkdir(parents=True, exist_ok=True)
     self._leg = 1 + max((leg for leg, _, _ in _metric_parts(workdir)), default=-1)
     self._part, self._file = 0, None
     self._part_per_flush = files.is_url(workdir)
-    self._events = TensorBoardWriter(workdir / TENSORBOARD_DIR)
+    self._events = TensorBoardWriter(workdir / TENSORBOARD_DIR, start_step)
     self.flush()
 
   def write(self, row: dict) -> None:
@@ -447,7 +454,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, resume: bool = False
     # Rows after the checkpoint we resume from are dropped: those steps are redone.
     rows = [row for row in read_metrics(directory) if row["step"] < start]
     files.write_text(directory / CONFIG_FILE, config.to_json_best_effort(indent=2))
-    log = MetricLog(directory)
+    log = MetricLog(directory, start)
   else:
     rows = []
   progress = tqdm.tqdm(range(start, config.num_steps), initial=start, total=config.num_steps,

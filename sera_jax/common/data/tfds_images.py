@@ -20,6 +20,7 @@ TensorFlow is imported lazily and never sees the GPUs (JAX owns them).
 
 import math
 import os
+import shlex
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -69,9 +70,11 @@ def unprepared_message(name: str, data_dir: str) -> str:
     return (f"ImageNet ({name}) is not prepared in data_dir={data_dir!r}. Download "
             f"{' and '.join(IMAGENET_TARS)} from https://image-net.org into {manual_dir}/ "
             f"({state}), then build the dataset once (about 150 GB, hours) with:\n"
-            f"  tfds build imagenet2012 --data_dir={data_dir} --manual_dir={manual_dir}")
+            f"  tfds build imagenet2012 --data_dir={shlex.quote(str(data_dir))} "
+            f"--manual_dir={shlex.quote(str(manual_dir))}")
   return (f"tfds dataset {name!r} is not prepared in data_dir={data_dir!r}. Prepare it once "
-          f"(this downloads it) with:\n  tfds build {name.split(':')[0]} --data_dir={data_dir}")
+          f"(this downloads it) with:\n  tfds build {name.split(':')[0]} "
+          f"--data_dir={shlex.quote(str(data_dir))}")
 
 
 class TfdsImageDataset:
