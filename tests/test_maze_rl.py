@@ -161,6 +161,16 @@ def test_held_out_solutions_never_occur_in_training_and_the_replay_baseline_is_e
       [p.mean(), np.mean(1 - (1 - p) ** 4)], rtol=1e-6)
 
 
+def test_every_held_out_and_validation_maze_is_solvable_within_max_steps():
+  """A config.max_steps below the longest path (16 on 9x9 mazes): training mazes are checked
+  against it, and held-out and validation mazes whose path needs more moves are left out (the
+  novelty filter used to keep exactly those: their cut-off paths match no training path)."""
+  _, _, held_out, validation = maze_rl.maze_sets(1, 9, 16, 16, 16, 16, True)
+  for mazes in (held_out.mazes, validation.mazes):
+    lengths = jax.vmap(lambda m: maze_env.shortest_path(m, 31)[1])(mazes)
+    assert len(mazes) == 16 and int(jnp.max(lengths)) <= 16
+
+
 @pytest.mark.slow
 def test_validation_mazes_share_no_path_with_training_or_held_out_mazes_and_are_scored():
   task = maze_rl.MazeTask(_config(num_eval_mazes=16, num_validation_mazes=16,

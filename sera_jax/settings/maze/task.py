@@ -193,9 +193,11 @@ def _generate_paths(mazes: jax.Array, max_steps: int) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=(1, 2, 3))
 def _generate_with_paths(key: jax.Array, count: int, size: int, max_steps: int
-                         ) -> tuple[jax.Array, jax.Array]:
+                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(mazes, their shortest paths, their lengths in moves)."""
   mazes = _generate(key, count, size)
-  return mazes, _generate_paths(mazes, max_steps)
+  paths, lengths = jax.vmap(lambda m: maze_env.shortest_path(m, max_steps))(mazes)
+  return mazes, paths, lengths
 
 
 class HeldOut(NamedTuple):
@@ -216,15 +218,18 @@ class HeldOut(NamedTuple):
 def held_out_mazes(key: jax.Array, count: int, size: int, max_steps: int,
                    train_paths: jax.Array, *, novel: bool, chunk: int = 256,
                    max_candidates: int = 1 << 16) -> HeldOut:
-  """`count` held-out mazes; with `novel`, only mazes whose solution no training maze shares.
+  """`count` held-out mazes, each solvable within `max_steps` moves; with `novel`, only
+  mazes whose solution no training maze shares.
 
   A perfect maze has one shortest path, and a policy that replays training
   solutions solves exactly the held-out mazes whose path it replays
   (`replay_pass_at_k`); held-out mazes with unseen paths measure navigation,
-  not memory. Candidates are drawn in chunks from `key` (deterministic).
+  not memory. Candidates are drawn in chunks from `key` (deterministic); one whose shortest
+  path is longer than `max_steps` (a config.max_steps set below the longest) is left out, as
+  no rollout could solve it.
 
   Raises:
-    ValueError: fewer than `count` novel mazes among `max_candidates`.
+    ValueError: fewer than `count` such mazes among `max_candidates`.
   """
   if count == 0:
     return HeldOut(jnp.zeros((0, size, size), bool), 0, 0.0)
@@ -233,14 +238,15 @@ def held_out_mazes(key: jax.Array, count: int, size: int, max_steps: int,
   while len(kept) < count:
     if candidates >= max_candidates:
       raise ValueError(
-          f"only {len(kept)} of {candidates} generated {size}x{size} mazes have a solution that "
-          f"no training maze shares; lower num_eval_mazes or num_train_mazes, or raise maze_size.")
-    mazes, paths = jax.device_get(_generate_with_paths(
+          f"only {len(kept)} of {candidates} generated {size}x{size} mazes have a solution "
+          f"within max_steps = {max_steps} moves{' that no training maze shares' * novel}; "
+          f"lower num_eval_mazes or num_train_mazes, or raise maze_size or max_steps.")
+    mazes, paths, lengths = jax.device_get(_generate_with_paths(
         jax.random.fold_in(key, candidates // chunk), chunk, size, max_steps))
     repeated = np.array([row.tobytes() in seen for row in paths])
     seen_count += int(repeated.sum())
     candidates += chunk
-    kept.extend(mazes[~repeated] if novel else mazes)
+    kept.extend(mazes[(lengths <= max_steps) & (~repeated if novel else True)])
   return HeldOut(jnp.asarray(np.stack(kept[:count])), candidates, seen_count / candidates)
 
 
