@@ -187,8 +187,8 @@ def check_reported_seeds(parser: argparse.ArgumentParser, seeds: Sequence[int],
     parser.error("--seeds must be distinct and >= 0")
   shared = sorted(set(seeds) & set(tuning))
   if shared:
-    parser.error(f"--seeds {shared} are tuning seeds (those from {TUNING_SEED} on, which "
-                 f"choose the rates and are not reported): report other seeds")
+    parser.error(f"--seeds {shared} are among the tuning seeds {list(tuning)}, which choose "
+                 f"the rates and are not reported: report other seeds")
 
 
 class TunedRuns(NamedTuple):
