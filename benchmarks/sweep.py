@@ -45,7 +45,7 @@ def _config(model: str, seed: int, steps: int):
                               learning_rate=0.05)
   if model == "maze":
     config = configs.load("maze")
-    config.update(seed=seed, num_steps=steps, warmup_steps=0)
+    config.update(seed=seed, num_steps=steps)
   else:
     config = configs.load("default")
     config.update(model=model, seed=seed, num_steps=steps)

@@ -378,17 +378,18 @@ def _maze_config(method="sera", **overrides):
   # Epochs of 2 RL steps after a 1-step warm start: SERA allocates at step 3. 5x5 mazes, which
   # the policy solves now and then from the start (so the RL gradients are not all 0), repeat
   # the training mazes' paths: the held-out mazes need not be novel.
-  config.update(dict(method=method, maze_size=5, novel_eval_paths=False, num_train_mazes=8,
+  config.update(dict(method=method, maze_size=7, num_validation_mazes=0, num_sft_mazes=16,
+                     sft_batch_size=8, eval_samples=256, sft_disjoint_paths=False, num_train_mazes=8,
                      batch_size=4, baseline_n=4,
                      n_min=2, n_max=8, num_eval_mazes=2, eval_batch_size=2, dim=16,
-                     num_layers=1, num_heads=2, warmup_steps=1, warmup_learning_rate=1e-2,
+                     num_layers=1, num_heads=2,
                      num_steps=MAZE_STEPS) | overrides)
   return config
 
 
 MAZE_STEPS = 4
 # Seeds, every optimizer scalar and every allocation scalar differing.
-MAZE_RUNS = (dict(seed=0), dict(seed=1, learning_rate=1e-3, warmup_learning_rate=3e-2,
+MAZE_RUNS = (dict(seed=0), dict(seed=1, learning_rate=1e-3,
                                 grad_clip_norm=0.5, weight_decay=1e-4, threshold=0.5,
                                 discount=0.5, alpha0=2.0, beta0=0.25))
 MAZE_COUNTED = ("rollouts/min", "rollouts/max", "active_fraction", "useful_group_fraction",

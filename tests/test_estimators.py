@@ -94,6 +94,17 @@ class AdvantagesTest(parameterized.TestCase):
       np.testing.assert_array_equal(got[3], 0.0)  # n = 1: no other rollout to compare with
     assert np.isfinite(got).all()
 
+  def test_a_group_of_one_rollout_gets_0(self):
+    # docs/testing_estimators.md#a-group-of-one-rollout: the MaxRL repository gives the first
+    # rollout 1e6 (its maxrl), 1 / (1 + 1e-6) (its GRPO) or 1 (its RLOO and Dr. GRPO).
+    rewards, prompts = np.array([1.0, 1.0, 0.0], np.float32), np.array([0, 1, 1], np.int32)
+    for estimator in ("maxrl", "grpo", "grpo_sample_std", "reinforce", "drgrpo", "rloo"):
+      got = np.asarray(sera_jax.flat_advantages(rewards, prompts, num_prompts=2,
+                                                estimator=estimator, eps=EPS))
+      self.assertEqual(got[0], 0.0, estimator)
+      if estimator == "maxrl":
+        np.testing.assert_allclose(got, [0.0, 0.5 / (0.5 + EPS), -0.5 / (0.5 + EPS)], rtol=1e-6)
+
   def test_accepts_int_and_bool_inputs(self):
     got = advantages(REWARDS.astype(np.int32), MASK.astype(np.int32))
     np.testing.assert_allclose(got, _by_hand("maxrl"), rtol=1e-6, atol=1e-6)
@@ -332,7 +343,7 @@ def _peer_by_hand(name, r, n, successes, **params):
   if name == "clipped_pnorm":
     mu = mu if n > 1 else 0.0  # the source's mean of a one-rollout group
     return (r - mu) / max(mu, 0.125) / n
-  if name == "p_normalization_std":
+  if name == "maxrl_std":
     return (r - mu) / (np.sqrt(mu * (1 - mu)) + EPS) / (mu + EPS)
   if name == "maclaurin":
     order = params["order"]
@@ -493,7 +504,7 @@ def test_the_registry_holds_seras_estimators_each_with_a_source():
   registry = sera_jax.registered_estimators()
   assert set(ESTIMATORS) <= set(registry)
   assert {"drgrpo", "maclaurin", "maclaurin_baseline", "pkpo", "one_sided_grpo",
-          "clipped_pnorm", "p_normalization_std"} <= set(registry)
+          "clipped_pnorm", "maxrl_std"} <= set(registry)
   for name, entry in registry.items():
     assert entry.name == name and entry.source and entry.formula
     for objective in entry.objectives:

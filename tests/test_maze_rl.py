@@ -12,15 +12,18 @@ from sera_jax.harness.figures import common as figures_common
 from sera_jax.method import estimators
 from sera_jax.settings.maze import env as maze_env
 from sera_jax.settings.maze import plots as maze_plots
+from sera_jax.settings.maze import sets as maze_sets
 from sera_jax.settings.maze import task as maze_rl
+from sera_jax.settings.maze import warm_start
 
 
 def _config(**overrides):
   config = configs.load("maze")
   # Tiny: epochs of 2 steps, so SERA allocates from the second RL epoch on.
-  config.update(dict(num_train_mazes=8, batch_size=4, baseline_n=4, n_min=2, n_max=8,
-                     num_eval_mazes=2, eval_batch_size=2, dim=16, num_layers=1, num_heads=2,
-                     warmup_steps=3, num_steps=9) | overrides)
+  config.update(dict(maze_size=9, num_train_mazes=8, batch_size=4, baseline_n=4, n_min=2,
+                     n_max=8, num_eval_mazes=2, num_validation_mazes=0, eval_batch_size=2,
+                     eval_samples=256, num_sft_mazes=16, sft_batch_size=8, dim=16,
+                     num_layers=1, num_heads=2, num_steps=6) | overrides)
   return config
 
 
@@ -43,7 +46,7 @@ def test_bad_config_is_rejected():
 
 @pytest.fixture(scope="module")
 def sera_task():
-  return maze_rl.MazeTask(_config(method="sera", eval_every=9, checkpoint_every=3))
+  return maze_rl.MazeTask(_config(method="sera", eval_every=6, checkpoint_every=3))
 
 
 @pytest.mark.slow
@@ -53,25 +56,24 @@ def test_task_runs_with_static_shapes_and_resumes_exactly(sera_task):
   assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(state))
   rows, saved = [], None
   for step in range(task.config.num_steps):
-    if step == 6:
+    if step == 3:
       saved = jax.tree.map(np.array, state)
     state, metrics = task.train_step(state, step)
     rows.append(jax.device_get(metrics))
     assert all(np.isfinite(v) for v in rows[-1].values())
-  rl_rows = rows[task.config.warmup_steps:]
   # The first RL epoch (2 steps) is uniform; later epochs allocate from estimates.
-  assert [row["estimated_fraction"] for row in rl_rows[:3]] == [0.0, 0.0, 1.0]
-  assert rl_rows[0]["rollouts/std"] == 0.0
+  assert [row["estimated_fraction"] for row in rows[:3]] == [0.0, 0.0, 1.0]
+  assert rows[0]["rollouts/std"] == 0.0
   # The allocation's p is the historical estimate (the Beta prior in the first RL epoch).
-  assert all("p_estimate/mean" in row and "p/mean" not in row for row in rl_rows)
+  assert all("p_estimate/mean" in row and "p/mean" not in row for row in rows)
   assert task._rl_step._cache_size() == 1  # counts changed, no retrace
   resumed = jax.tree.map(jnp.asarray, saved)
-  for step in range(6, task.config.num_steps):
+  for step in range(3, task.config.num_steps):
     resumed, metrics = task.train_step(resumed, step)
     assert jax.device_get(metrics) == rows[step]
   jax.tree.map(np.testing.assert_array_equal, resumed, state)
   scores = task.evaluate(state)
-  assert sorted(scores) == sorted(f"pass@{k}" for k in maze_rl.PASS_AT_K)
+  assert set(scores) >= {f"pass@{k}" for k in task.ks} and task.ks[-1] == 256
   assert all(0 <= v <= 1 for v in scores.values())
 
 
@@ -80,7 +82,7 @@ def test_microbatches_accumulate_the_same_gradient():
   params = []
   for microbatches in (1, 2):
     config = _config(method="grpo", microbatches=microbatches, optimizer="sgd", momentum=0.0,
-                     learning_rate=1.0, grad_clip_norm=1e9, warmup_steps=0)
+                     learning_rate=1.0, grad_clip_norm=1e9)
     task = maze_rl.MazeTask(config)
     state, metrics = task.train_step(task.init_state(jax.random.PRNGKey(0)), 0)
     assert np.isfinite(float(metrics["loss"]))
@@ -93,7 +95,7 @@ def test_sera_trains_with_a_peer_estimator_and_its_parameter():
   """config.estimator and config.estimator_kwargs reach the maze's allocation config, whose
   estimator the advantages take: pkpo (k=4) trains through the first RL epoch into SERA's
   counts with finite metrics."""
-  config = _config(method="sera", warmup_steps=0, estimator="pkpo")
+  config = _config(method="sera", estimator="pkpo")
   config.estimator_kwargs = ml_collections.ConfigDict({"k": 4})
   task = maze_rl.MazeTask(config)
   assert task.allocation.estimator_spec == estimators.estimator_spec("pkpo", k=4)
@@ -111,7 +113,7 @@ def test_train_loop_resumes_with_identical_metrics(sera_task, tmp_path):
   config = sera_task.config
   uninterrupted = train.run(config, str(tmp_path / "a"), task=sera_task)
   stopped_early = config.copy_and_resolve_references()
-  stopped_early.num_steps = 5  # checkpoints at 3 and 5; the second run resumes from 5
+  stopped_early.num_steps = 4  # checkpoints at 3 and 4; the second run resumes from 4
   train.run(stopped_early, str(tmp_path / "b"), task=sera_task)
   resumed = train.run(config, str(tmp_path / "b"), resume=True, task=sera_task)
   training_only = lambda rows: [{k: v for k, v in row.items() if "pass@" not in k}  # noqa: E731
@@ -144,56 +146,108 @@ def test_the_seed_orders_the_batches_and_data_seed_builds_the_mazes():
   np.testing.assert_array_equal(first.eval_mazes, other_seed.eval_mazes)
 
 
-def test_held_out_solutions_never_occur_in_training_and_the_replay_baseline_is_exact():
-  task = maze_rl.MazeTask(_config(num_eval_mazes=16, eval_batch_size=16))
-  max_steps = task.train_paths.shape[1]
-  held_paths = jax.vmap(lambda m: maze_env.shortest_path(m, max_steps)[0])(task.eval_mazes)
-  seen = {row.tobytes() for row in np.asarray(task.train_paths)}
-  assert not any(row.tobytes() in seen for row in np.asarray(held_paths))
-  assert 0 < task.held_out.seen_fraction < 1 and task.held_out.candidates >= 16
-  # Replaying training solutions never solves a maze whose only path is unseen...
-  np.testing.assert_array_equal(maze_rl.replay_pass_at_k(task.train_paths, task.eval_mazes), 0)
-  # ...and on the training mazes it is exact: p_m = (training mazes sharing m's path) / N.
-  paths = [row.tobytes() for row in np.asarray(task.train_paths)]
+def _path_rows(mazes, max_steps):
+  paths = jax.vmap(lambda m: maze_env.shortest_path(m, max_steps)[0])(jnp.asarray(mazes))
+  return [row.tobytes() for row in np.asarray(paths)]
+
+
+def test_the_sets_share_no_maze_and_the_pool_no_path_counted_independently():
+  max_steps = maze_env.max_path_length(9) + 1
+  sets = maze_sets.maze_sets(0, 9, max_steps, 32, 16, 16, 48, True)
+  assert [len(s.mazes) for s in (sets.sft, sets.rl, sets.held_out, sets.validation)] == [
+      48, 32, 16, 16]
+  assert sets.overlaps() == dict.fromkeys(("sft_rl", "sft_eval", "rl_eval",
+                                           "held_out_validation"), 0)
+  layouts = [row.tobytes() for s in sets[:4] for row in s.mazes]
+  assert len(set(layouts)) == len(layouts)  # every maze of every set is distinct
+  paths = {name: _path_rows(s.mazes, max_steps) for name, s in zip(
+      ("sft", "rl", "held_out", "validation"), sets[:4], strict=True)}
+  assert [row.tobytes() for row in sets.rl.paths] == paths["rl"]  # the stored paths are BFS's
+  assert not set(paths["sft"]) & set(paths["rl"] + paths["held_out"] + paths["validation"])
+  assert sets.sft.candidates > 48  # path-disjointness refused some candidates
+  unseen = [path not in set(paths["rl"]) for path in paths["held_out"]]
+  np.testing.assert_array_equal(sets.unseen_path, unseen)
+  shared = sets.shared_paths()
+  assert (shared["sft_rl"], shared["sft_eval"]) == (0, 0)
+  assert shared["held_out_rl"] == 16 - sum(unseen) and 0 < sum(unseen) < 16  # i.i.d.: some
+  # Each set has its own key: the RL and evaluation sets do not depend on the pool's size.
+  other = maze_sets.maze_sets(0, 9, max_steps, 32, 16, 16, 8, False)
+  for ours, theirs in zip(sets[1:4], other[1:4], strict=True):
+    np.testing.assert_array_equal(ours.mazes, theirs.mazes)
+
+
+def test_the_replay_baseline_is_exact():
+  sets = maze_sets.maze_sets(0, 9, maze_env.max_path_length(9) + 1, 32, 16, 16, 48, True)
+  # On the RL mazes: p_m = (RL mazes sharing m's path) / N.
+  paths = [row.tobytes() for row in sets.rl.paths]
   p = np.array([paths.count(row) / len(paths) for row in paths])
   np.testing.assert_allclose(
-      maze_rl.replay_pass_at_k(task.train_paths, task.train_mazes, ks=(1, 4)),
+      maze_sets.replay_pass_at_k(sets.rl.paths, sets.rl.mazes, ks=(1, 4)),
       [p.mean(), np.mean(1 - (1 - p) ** 4)], rtol=1e-6)
+  # A maze has one shortest path: replay never solves a held-out maze whose path is unseen.
+  np.testing.assert_array_equal(maze_sets.replay_pass_at_k(
+      sets.rl.paths, sets.held_out.mazes[sets.unseen_path], ks=(1, 64)), 0)
 
 
 def test_every_held_out_and_validation_maze_is_solvable_within_max_steps():
-  """A config.max_steps below the longest path (16 on 9x9 mazes): training mazes are checked
-  against it, and held-out and validation mazes whose path needs more moves are left out (the
-  novelty filter used to keep exactly those: their cut-off paths match no training path)."""
-  _, _, held_out, validation = maze_rl.maze_sets(1, 9, 16, 16, 16, 16, True)
-  for mazes in (held_out.mazes, validation.mazes):
-    lengths = jax.vmap(lambda m: maze_env.shortest_path(m, 31)[1])(mazes)
+  """A max_steps below the longest path (16 on 9x9 mazes): mazes whose path needs more moves
+  are not drawn."""
+  sets = maze_sets.maze_sets(1, 9, 16, 16, 16, 16, 0, False)
+  for mazes in (sets.rl.mazes, sets.held_out.mazes, sets.validation.mazes):
+    lengths = jax.vmap(lambda m: maze_env.shortest_path(m, 31)[1])(jnp.asarray(mazes))
     assert len(mazes) == 16 and int(jnp.max(lengths)) <= 16
 
 
-@pytest.mark.slow
-def test_validation_mazes_share_no_path_with_training_or_held_out_mazes_and_are_scored():
-  task = maze_rl.MazeTask(_config(num_eval_mazes=16, num_validation_mazes=16,
-                                  eval_batch_size=16))
-  assert task.validation_mazes.shape == (16, *task.eval_mazes.shape[1:])
-  max_steps = task.train_paths.shape[1]
-  paths = lambda mazes: {row.tobytes() for row in np.asarray(  # noqa: E731
-      jax.vmap(lambda m: maze_env.shortest_path(m, max_steps)[0])(mazes))}
-  validation = paths(task.validation_mazes)
-  assert not validation & (paths(task.train_mazes) | paths(task.eval_mazes))
-  state = task.init_state(jax.random.PRNGKey(0))
-  metrics = task.evaluate(state)
-  assert {f"validation/pass@{k}" for k in maze_rl.PASS_AT_K} <= set(metrics)
-  # The held-out scores are those of a task without validation mazes.
-  plain = maze_rl.MazeTask(_config(num_eval_mazes=16, eval_batch_size=16))
-  assert plain.evaluate(plain.init_state(jax.random.PRNGKey(0))) == {
-      key: value for key, value in metrics.items() if not key.startswith("validation/")}
-  with pytest.raises(ValueError, match="num_validation_mazes \\(8\\) must be a multiple"):
-    maze_rl.MazeTask(_config(num_eval_mazes=16, num_validation_mazes=8, eval_batch_size=16))
+def test_the_warm_start_is_shared_by_every_seed_and_method_and_kept_on_disk(tmp_path):
+  config = _config(num_sft_mazes=32, warm_start_dir=str(tmp_path))
+  sera = maze_rl.MazeTask(config)
+  grpo = maze_rl.MazeTask(_config(num_sft_mazes=32, warm_start_dir=str(tmp_path),
+                                  method="grpo", seed=3))
+  params = [task.init_state(jax.random.PRNGKey(seed)).params
+            for task, seed in ((sera, 0), (grpo, 1))]
+  digests = {warm_start.params_digest(p) for p in params}
+  assert len(digests) == 1
+  fresh = sera.policy.init(jax.random.PRNGKey(config.sft_seed))
+  assert warm_start.params_digest(fresh) not in digests  # it was trained
+  # It imitates: the pool's BFS paths are likelier under it than under its initialisation.
+  nll = lambda p: -float(jnp.mean(sera.policy.log_prob(  # noqa: E731
+      p, jnp.asarray(sera.sets.sft.mazes), jnp.asarray(sera.sets.sft.paths)[:, None])))
+  assert nll(params[0]) < nll(fresh)
+  saved = tmp_path / warm_start.fingerprint(config)
+  assert saved.exists()
+  warm_start._IN_PROCESS.clear()  # as another process: read back from disk, not retrained
+  assert warm_start.params_digest(sera.warm_start()) in digests
+  other = _config(num_sft_mazes=16)
+  assert warm_start.fingerprint(other) != warm_start.fingerprint(config)
+  assert warm_start.fingerprint(_config(num_sft_mazes=32, seed=5, method="uniform",
+                                        learning_rate=3e-5)) == warm_start.fingerprint(config)
 
+
+def test_evaluation_scores_the_sets_it_is_asked_for():
+  both = maze_rl.MazeTask(_config(num_eval_mazes=4, num_validation_mazes=4, eval_samples=16))
+  state = both.init_state(jax.random.PRNGKey(0))
+  metrics = both.evaluate(state)
+  assert {f"validation/pass@{k}" for k in (1, 2, 4, 8, 16)} <= set(metrics)
+  assert {f"pass@{k}" for k in (1, 2, 4, 8, 16)} <= set(metrics)
+  # Each set draws its own samples: one set's scores are those of a task scoring it alone.
+  for name, prefix in (("validation", "validation/"), ("held_out", "")):
+    alone = maze_rl.MazeTask(_config(num_eval_mazes=4, num_validation_mazes=4, eval_samples=16,
+                                     eval_sets=(name,)))
+    scores = alone.evaluate(alone.init_state(jax.random.PRNGKey(0)))
+    assert scores == {key: value for key, value in metrics.items()
+                      if key.startswith(prefix) and (prefix or "/" not in key
+                                                     or key.startswith("unseen_path/"))}
+  p = both.rl_set_success_rates(state.params, 8)
+  assert p.shape == (8,) and np.all((p >= 0) & (p <= 1))
+  with pytest.raises(ValueError, match="num_validation_mazes \\(3\\) must be a multiple"):
+    maze_rl.MazeTask(_config(num_validation_mazes=3))
+  with pytest.raises(ValueError, match="eval_sets"):
+    maze_rl.MazeTask(_config(eval_sets=("test",)))
+  with pytest.raises(ValueError, match="sees each once"):
+    maze_rl.MazeTask(_config(num_sft_mazes=12))
 
 def test_the_maze_figure_of_run_rows(tmp_path):
   rows = [{"step": s, "reward/maze_mean": s / 10} for s in range(10)]
-  rows[-1] |= {f"pass@{k}": 0.1 * i for i, k in enumerate(maze_rl.PASS_AT_K)}
+  rows[-1] |= {f"pass@{k}": 0.1 * i for i, k in enumerate(maze_rl.pass_at_ks(256))}
   maze_plots.plot_runs([("sera", rows), ("uniform", rows[:5])], str(tmp_path / "maze.png"))
   assert (tmp_path / "maze.png").stat().st_size > 0

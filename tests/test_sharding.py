@@ -53,7 +53,8 @@ CASES = {
                             "--config.checkpoint_every=10"), 20, 10, 8, 1e-5, "alignment.png"),
     # Epochs of 2 RL steps after a 2-step warm start: SERA allocates from step 4 on.
     "maze": Case(("--config=maze", "--config.maze_size=7", "--config.num_steps=10",
-                  "--config.warmup_steps=2", "--config.warmup_learning_rate=1e-2",
+                  "--config.num_validation_mazes=0", "--config.num_sft_mazes=16",
+                  "--config.sft_batch_size=8", "--config.eval_samples=64",
                   "--config.num_train_mazes=16", "--config.batch_size=8",
                   "--config.baseline_n=4", "--config.n_max=16", "--config.num_eval_mazes=8",
                   "--config.eval_batch_size=8", "--config.dim=16", "--config.num_layers=1",
@@ -130,7 +131,7 @@ def _check_maze_placement(task, state) -> None:
   for leaf in jax.tree.leaves(state):
     assert leaf.sharding.device_set == devices and leaf.sharding.is_fully_replicated
   ids = sharding.replicate(np.arange(task.config.batch_size, dtype=np.int32), task.mesh)
-  compiled = task._rl_step.lower(state, ids, task.config.warmup_steps, False).compile()
+  compiled = task._rl_step.lower(state, ids, 0, False).compile()
   assert "all-reduce" in compiled.as_text()  # the rollouts' gradients live on every device
 
 

@@ -85,6 +85,8 @@ def _rloo_by_hand(reward, group_size, successes):
     ("reinforce", "p", 4, {}, 0.75),
     ("drgrpo", "p", 10, {}, 0.9),
     ("maclaurin", "truncated@order", 16, {"order": 8}, 1 / 16),
+    ("maclaurin_baseline", "truncated@order", 7, {"order": 1}, 1 / 7),  # r / n
+    ("maclaurin_baseline", "truncated@order", 2, {"order": 2}, 0.5),
     ("grpo", "p", 2, {}, 1.0),  # at n = 2 GRPO's advantages are +-1: RLOO's
     (_rloo_by_hand, "p", 6, {}, 1.0),
 ])
@@ -289,6 +291,23 @@ def test_the_docs_table_is_the_verdicts_the_library_computes():
   # Every registered estimator is a row; a source's false claim is said as such.
   assert all(f"| `{name}`" in table for name in estimators.registered_estimators())
   assert "pass@k: biased at n = 4..16" in table
+
+
+# Where maclaurin_baseline is unbiased for truncated@order, over orders and n = 1..16: order 1
+# (no term of order k >= 2) at every n, and order 2 at n = 2 (whose order-2 term, k = n, has no
+# other subset to share rollouts with).
+MACLAURIN_BASELINE_UNBIASED = {(1, n) for n in testing.TABLE_NS} | {(2, 2)}
+
+
+@pytest.mark.parametrize("order", [
+    pytest.param(order, marks=[pytest.mark.slow] if order > 3 else []) for order in range(1, 17)])
+def test_maclaurin_baseline_is_unbiased_exactly_at_order_1_and_at_order_2_with_n_2(order):
+  unbiased = [n for n in testing.TABLE_NS if (order, n) in MACLAURIN_BASELINE_UNBIASED]
+  biased = [n for n in testing.TABLE_NS if (order, n) not in MACLAURIN_BASELINE_UNBIASED]
+  want = "; ".join(f"{kind} at n = {testing._runs(ns)}"
+                   for kind, ns in (("unbiased", unbiased), ("biased", biased)) if ns)
+  found = testing.verdicts(["maclaurin_baseline"], params={"maclaurin_baseline": {"order": order}})
+  assert found == {"maclaurin_baseline": {"truncated@order": want}}
 
 
 def test_verdicts_count_each_group_size_once():

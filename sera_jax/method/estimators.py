@@ -430,7 +430,8 @@ def _clipped_pnorm(reward, group_size, successes):
   return _safe_divide(reward - mean, jnp.maximum(mean, 0.125) * group_size)
 
 
-def _p_normalization_std(reward, group_size, successes, *, eps):
+def _maxrl_std(reward, group_size, successes, *, eps):
+  # The repository's maxrl advantage, (r - mu) / (mu + eps), divided by the population std too.
   mean = _mean(group_size, successes)
   std = jnp.sqrt(jnp.maximum(mean * (1 - mean), 0))
   return _safe_divide(_safe_divide(reward - mean, std + eps), mean + eps)
@@ -495,8 +496,9 @@ register_estimator(
     source=f"{_MAXRL_REPO}/core_algos.py compute_clipped_pnorm_outcome_advantage",
     formula="(r - mu) / max(mu, 1/8) / n; mu = 0 at n = 1")
 register_estimator(
-    "p_normalization_std", _p_normalization_std,
-    source=f'{_MAXRL_REPO}/core_algos.py compute_misc_outcome_advantage ("p_normalization")',
+    "maxrl_std", _maxrl_std,
+    source=f'{_MAXRL_REPO}/core_algos.py compute_misc_outcome_advantage (advantage_type '
+    '"p_normalization" at 7db6bb9)',
     formula="(r - mu) / (sigma + eps) / (mu + eps), sigma = sqrt(mu (1-mu))")
 
 

@@ -19,7 +19,6 @@ def get_config():
   config.baseline_n = 128
   config.n_max = 512
   config.num_steps = 2000
-  config.warmup_steps = 400
   config.learning_rate = 1e-4
   config.microbatches = 64  # 512 rollouts of 127 steps a chunk: a 14 GiB step (XLA)
   config.eval_every = 500

@@ -16,8 +16,10 @@ setting, in `sera_jax.settings.classification.alignment`.
 
 import argparse
 import copy
+import json
 import os
 import pathlib
+import subprocess
 import textwrap
 import time
 from collections.abc import Mapping, Sequence
@@ -546,3 +548,51 @@ def pass_at_k_tables(results, seeds: Sequence[int], ks: Sequence[int], *,
     return table(spread, "{:.3f}")
   return (table(spread, "{:.3f}") + "\n\npaired by seed, mean and 95% interval:\n"
           + table(paired, "{:+.3f}"))
+
+
+def seeds_ahead(results, seeds: Sequence[int], ks: Sequence[int], method: str,
+                baseline: str = "uniform", tolerance: float = 0.005) -> str:
+  """One line: at each k, in how many seeds `method` is ahead of `baseline`, behind it, and
+  level with it (within `tolerance`)."""
+  diff = np.array([results[method][s] for s in seeds]) - np.array(
+      [results[baseline][s] for s in seeds])
+  counts = [f"pass@{k} {np.sum(d > tolerance)}/{np.sum(d < -tolerance)}/"
+            f"{np.sum(np.abs(d) <= tolerance)}" for k, d in zip(ks, diff.T, strict=True)]
+  return f"{method} against {baseline}, seeds ahead/behind/level: " + ", ".join(counts)
+
+
+def _git(*args: str) -> str:
+  try:
+    return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                          cwd=pathlib.Path(__file__).parent).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return ""
+
+
+def write_manifest(out: str, *, argv: Sequence[str], seeds: Sequence[int],
+                   tuning_seeds: Sequence[int], wall_time_s: float,
+                   protocol: Mapping[str, Any], name: str = "manifest.json") -> str:
+  """Writes `out`/`name`: how the figure beside it was made (the command, the package version
+  and git commit with a flag for uncommitted changes, the jax and flax versions, the device,
+  the seeds, the wall time and the figure's protocol facts). Returns its path."""
+  import flax  # noqa: PLC0415  (only a figure's manifest names its version)
+
+  import sera_jax  # noqa: PLC0415
+  manifest = {
+      "command": "sera-jax figure " + " ".join(argv),
+      "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+      "sera_jax_version": sera_jax.__version__,
+      "git_commit": _git("rev-parse", "HEAD"),
+      "uncommitted_changes": bool(_git("status", "--porcelain", "--untracked-files=no")),
+      "jax_version": jax.__version__,
+      "flax_version": flax.__version__,
+      "device": f"{jax.devices()[0].platform}: {jax.devices()[0].device_kind} x "
+                f"{jax.device_count()}",
+      "seeds": list(seeds),
+      "tuning_seeds": list(tuning_seeds),
+      "wall_time_s": round(wall_time_s, 1),
+      "protocol": dict(protocol),
+  }
+  path = files.path(out) / name
+  files.write_text(path, json.dumps(manifest, indent=2) + "\n")
+  return os.fspath(path)

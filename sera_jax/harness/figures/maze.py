@@ -1,134 +1,141 @@
-"""Pass@k of SERA, uniform MaxRL and GRPO on held-out mazes, each at its own learning rate.
+"""Pass@k of SERA, uniform MaxRL and GRPO on held-out mazes, at the paper's protocol.
 
-For each seed, every method starts from the same supervised warm start (same
-seed, same steps) and then trains with the same rollout budget B = M * N0 per
-step; pass@k (k = 1, 2, ..., 256, unbiased, from 256 samples a maze) is
-measured on the held-out mazes after the warm start and at the end of RL. The
-held-out mazes' shortest paths occur in no training maze, and `maze-blind`, a
-policy replaying training solutions, is the memorisation baseline (exact).
+One warm start, made once and shared by every method and seed: imitation of the BFS paths of
+a pool of mazes that shares no maze and no shortest path with the RL, validation and held-out
+sets, each pool maze seen once (`sera_jax.settings.maze.warm_start`). Every run then trains
+from it with the same rollout budget B = M * N0 a step on a fixed RL set of mazes, revisited
+for many epochs. pass@k (k = 1, 2, 4, ..., unbiased, from config.eval_samples samples a maze)
+is measured on fresh i.i.d. held-out mazes, unfiltered; the held-out mazes whose shortest path
+no RL maze has make a secondary table, and `maze-blind`, a policy replaying the RL set's
+solutions whatever the maze, is the memorisation baseline (exact) beside both. Before RL the
+figure reports the warm start's pass@k and the spread of its success probability p over the
+RL set (SERA allocates over that spread), and the overlaps between the sets, counted.
 
-Each method's RL learning rate is chosen from --learning-rates by its mean
-pass@16 on validation mazes (their shortest paths occur in no training and no
-held-out maze) over --tuning-seeds tuning seeds (100, 101, ...), which train at
-every rate and are never reported (the run that wins the choice would report a
-held-out score biased by its luck); the reported seeds train at the chosen rate
-only. The held-out mazes play no part in the choice.
+Each method's RL learning rate is chosen from --learning-rates by its mean validation
+pass@16 (fresh i.i.d. validation mazes) over --tuning-seeds tuning seeds (100, 101, ...),
+which train at every rate and are never reported; the reported seeds train at the chosen
+rate only. The held-out mazes play no part in the choice: tuning runs score the validation
+mazes only, reported runs the held-out ones only.
 
-  sera-jax figure maze            # CPU config, 3 methods x 4 rates x 2 tuning seeds, 10 seeds
+  sera-jax figure maze            # the CPU config, 3 methods x 4 rates x 2 tuning seeds, 10 seeds
   sera-jax figure maze --tiny     # a smoke run (a few minutes)
-  sera-jax figure maze --maze-size 13 --workdir runs/maze_passk_13 --out figures_13
-                                  # 13x13 mazes: 196 distinct training solutions, not 40
 
-Writes maze_passk.png and maze_passk.csv (mean, std, 95% interval and every
-seed's value at the chosen rates, and the paired differences to uniform) and
-maze_passk_rates.png and maze_passk_rates.csv (the whole grid: validation and
-held-out pass@k of every tuning run) into --out, and one training workdir per
-run under --workdir (metrics/, TensorBoard; a run of the same config is resumed
-or read back, one of another config stops the figure). Each method's tuning
-grid trains as one program, its reported seeds as another (`sera-jax sweep`'s
-batches: their checkpoints in a batch-* directory beside the runs), and a run
-that goes non-finite scores NaN (never chosen) while the others go on.
+Writes into --out (default docs/figures/maze): maze_passk.png and maze_passk.csv (held-out
+pass@k of every seed at the chosen rates, and the paired differences to uniform),
+maze_passk_unseen_path.csv (the same on the held-out mazes with unseen paths),
+maze_passk_rates.png and maze_passk_rates.csv (the whole grid's validation pass@k) and
+manifest.json (the command, commit, versions, wall time and the protocol's counts); one
+training workdir per run under --workdir and the warm start in its warm_start/ (a run, or
+the warm start, of the same config is resumed or read back; one of another config stops the
+figure). Each method's tuning grid trains as one program, its reported seeds as another
+(`sera-jax sweep`'s batches), and a run that goes non-finite scores NaN (never chosen).
 --tiny names its files maze_passk_tiny* and trains under runs/maze_passk_tiny.
 """
 
 import os
+import sys
 import time
 
 import jax
+import numpy as np
 
 from sera_jax.common import files
 from sera_jax.common.plots import plt, save_figure
 from sera_jax.harness import configs
 from sera_jax.harness.figures import common
 from sera_jax.settings.maze import env as maze_env
-from sera_jax.settings.maze.task import PASS_AT_K, MazeTask, replay_pass_at_k
+from sera_jax.settings.maze import warm_start
+from sera_jax.settings.maze.sets import replay_pass_at_k
+from sera_jax.settings.maze.task import MazeTask
 
 NAME = "maze_passk"
+OUT_DIR = os.path.join(common.OUT_DIR, "maze")
 RATES_SUFFIX = "_rates"
+UNSEEN_SUFFIX = "_unseen_path"
 WARM_START = "warm start"
-MAZE_BLIND = "maze-blind"  # replays training solutions, whatever the maze
-LEARNING_RATES = (1e-4, 3e-4, 1e-3, 3e-3)
-VALIDATION_MAZES = 64
+MAZE_BLIND = "maze-blind"  # replays the RL set's solutions, whatever the maze
+REFERENCES = (WARM_START, MAZE_BLIND)  # not RL methods: no paired difference to uniform
+LEARNING_RATES = (1e-5, 3e-5, 1e-4, 3e-4)
 CHOSEN_BY = 16  # the rate of the best validation pass@16
+RL_SET_SAMPLES = 128  # samples of each RL maze that measure the warm start's p
 
 
 def load_config(tiny: bool, maze_size: int | None = None):
   config = configs.load("maze")
-  config.num_validation_mazes = VALIDATION_MAZES
+  if tiny:  # a smoke run of the pipeline: small mazes, a small policy, few steps
+    config.update(dict(maze_size=9, dim=32, num_layers=1, num_heads=2, num_train_mazes=32,
+                       batch_size=8, num_eval_mazes=16, num_validation_mazes=16,
+                       eval_batch_size=8, eval_samples=64, num_sft_mazes=256,
+                       sft_disjoint_paths=False, num_steps=12, checkpoint_every=6))
   if maze_size is not None:
     config.maze_size = maze_size
-  if tiny:  # a smoke run of the pipeline: small mazes, a small policy, few steps
-    config.update(dict(dim=32, num_layers=1, num_heads=2, num_train_mazes=32, batch_size=8,
-                       num_eval_mazes=8, num_validation_mazes=8, eval_batch_size=8,
-                       warmup_steps=20, num_steps=30, checkpoint_every=15))
   config.eval_every = config.num_steps  # one evaluation, at the end
   return config
 
 
 def run_config(config, **settings):
-  """A copy of `config` with `settings` (a run's method, seed, rate)."""
+  """A copy of `config` with `settings` (a run's method, seed, rate, evaluation sets)."""
   config = config.copy_and_resolve_references()
   config.update(settings)
   return config
 
 
-def warm_start_pass_at_k(task: MazeTask, seeds) -> dict[int, list[float]]:
-  """{seed: pass@k right after the supervised warm start} (identical for every method), every
-  seed reusing `task`'s compiled steps."""
-  scores = {}
-  for seed in seeds:
-    seeded = common.seeded(task, run_config(task.config, seed=seed))  # the batch order
-    state = seeded.init_state(jax.random.PRNGKey(seed))
-    for step in range(task.config.warmup_steps):
-      state, _ = seeded.train_step(state, step)
-    evaluated = seeded.evaluate(state)
-    scores[seed] = [evaluated[f"pass@{k}"] for k in PASS_AT_K]
-  return scores
-
-
-REFERENCES = (WARM_START, MAZE_BLIND)  # not RL methods: no paired difference to uniform
+def pre_rl_checks(task: MazeTask) -> dict:
+  """The warm start's pass@k on every evaluation set and its success rates on the RL set."""
+  params = task.warm_start()
+  state = task.init_state(jax.random.PRNGKey(0))
+  scores = task.evaluate(state)
+  p = task.rl_set_success_rates(params, RL_SET_SAMPLES)
+  levels = [0, 0.1, 0.25, 0.5, 0.75, 0.9, 1]
+  quantiles = dict(zip(("min", "q10", "q25", "median", "q75", "q90", "max"),
+                       np.quantile(p, levels).round(4).tolist(), strict=True))
+  return {"scores": scores, "params_digest": warm_start.params_digest(params),
+          "rl_set_p": {"samples_per_maze": RL_SET_SAMPLES, **quantiles,
+                       "fraction_0": round(float(np.mean(p == 0)), 4),
+                       "fraction_1": round(float(np.mean(p == 1)), 4)}}
 
 
 def tune_and_train(config, methods, seeds, learning_rates, tuning_seeds, workdir, start,
                    one_by_one=False) -> dict[str, common.TunedRuns]:
   """{method: its runs (the last metric row of each) at the rate chosen on validation}; each
-  method's tuning grid trains as one batch, then its reported seeds as another."""
+  method's tuning grid trains as one batch (scored on the validation mazes), then its
+  reported seeds as another (scored on the held-out mazes)."""
   tuned = {}
   for method in methods:
 
     def train_grid(points, method=method):
-      runs = [run_config(config, method=method, seed=seed, learning_rate=rate)
+      tuning = points[0][1] in tuning_seeds
+      runs = [run_config(config, method=method, seed=seed, learning_rate=rate,
+                         eval_sets=("validation",) if tuning else ("held_out",))
               for rate, seed in points]
       labels = [f"{method} lr {rate:g} seed {seed}" for rate, seed in points]
       trained = common.train_or_read_batch(
           runs, [os.fspath(workdir / f"{method}-lr{rate:g}-seed{seed}") for rate, seed in points],
           labels, one_by_one=one_by_one)
+      metric = f"validation/pass@{CHOSEN_BY}" if tuning else "pass@1"
       lasts = []
       for label, run in zip(labels, trained, strict=True):
         if run.stopped_at is not None:
           print(f"{label}: went non-finite at step {run.stopped_at}", flush=True)
-          lasts.append(common.nan_scores(PASS_AT_K))
+          lasts.append({})
           continue
-        last = [row for row in run.rows if "pass@1" in row][-1]
-        print(f"{label}: validation pass@{CHOSEN_BY} {last[f'validation/pass@{CHOSEN_BY}']:.3f}; "
-              f"held-out pass@1 {last['pass@1']:.3f} pass@256 {last['pass@256']:.3f}  "
-              f"({time.time() - start:.0f} s)", flush=True)
-        lasts.append(last)
+        lasts.append([row for row in run.rows if metric in row][-1])
+        print(f"{label}: {metric} {lasts[-1][metric]:.3f} ({time.time() - start:.0f} s)",
+              flush=True)
       return lasts
 
     tuned[method] = common.tune_then_repeat(
-        train_grid, learning_rates, seeds, lambda row: row[f"validation/pass@{CHOSEN_BY}"],
-        tuning_seeds=tuning_seeds)
+        train_grid, learning_rates, seeds,
+        lambda row: row.get(f"validation/pass@{CHOSEN_BY}", np.nan), tuning_seeds=tuning_seeds)
     common.print_choice(method, f"pass@{CHOSEN_BY}", tuned[method])
   return tuned
 
 
-def write_rates_csv(tuned: dict[str, common.TunedRuns], path: str) -> None:
-  """The whole grid: validation and held-out pass@k of every tuning run."""
+def write_rates_csv(tuned: dict[str, common.TunedRuns], ks, path: str) -> None:
+  """The whole grid: validation pass@k of every tuning run (NaN: it went non-finite)."""
   files.write_csv(path, [
       {"method": method, "learning_rate": rate, "seed": seed, "chosen": rate == runs.rate,
-       **{f"validation_pass@{k}": f"{row[f'validation/pass@{k}']:.4f}" for k in PASS_AT_K},
-       **{f"held_out_pass@{k}": f"{row[f'pass@{k}']:.4f}" for k in PASS_AT_K}}
+       **{f"validation_pass@{k}": f"{row.get(f'validation/pass@{k}', np.nan):.4f}" for k in ks}}
       for method, runs in tuned.items() for (rate, seed), row in common.grid_runs(runs)])
 
 
@@ -143,8 +150,26 @@ def plot_rates(tuned: dict[str, common.TunedRuns], path: str, num_tuning_seeds: 
   save_figure(fig, path, dpi=120)
 
 
+def protocol(config, task: MazeTask, checks: dict) -> dict:
+  """The protocol facts of the manifest, counted from the sets and the runs."""
+  sets = task.sets
+  return {"maze_size": config.maze_size, "held_out_mazes": len(sets.held_out.mazes),
+          "validation_mazes": len(sets.validation.mazes),
+          "unseen_path_held_out_mazes": int(sets.unseen_path.sum()),
+          "samples_per_maze": config.eval_samples, "shared_warm_start": True,
+          "warm_start_digest": checks["params_digest"], "sft_mazes": len(sets.sft.mazes),
+          "sft_candidates": sets.sft.candidates, "rl_mazes": len(sets.rl.mazes),
+          "rl_steps": config.num_steps,
+          "rl_epochs": config.num_steps * config.batch_size / config.num_train_mazes,
+          "rollouts_per_step": config.batch_size * config.baseline_n,
+          "overlaps": sets.overlaps(), "shared_paths": sets.shared_paths(),
+          "warm_start_rl_set_p": checks["rl_set_p"]}
+
+
 def main(argv: list[str] | None = None) -> None:
+  argv = sys.argv[1:] if argv is None else argv
   parser = common.figure_parser("maze", __doc__)
+  parser.set_defaults(out=OUT_DIR)
   parser.add_argument("--tiny", action="store_true", help="a small smoke run")
   parser.add_argument("--seeds", type=int, default=10, help="seeds 0, 1, ..., SEEDS-1")
   parser.add_argument("--tuning-seeds", type=int, default=2,
@@ -154,16 +179,16 @@ def main(argv: list[str] | None = None) -> None:
                       help="the grid each method chooses its RL rate from")
   parser.add_argument("--methods", nargs="+", default=["sera", "uniform", "grpo"])
   parser.add_argument("--maze-size", type=int, default=None,
-                      help="odd side of the mazes (default the config's, 9). At 9x9 the 256 "
-                      "training mazes have only 40 distinct solutions, so replaying them earns "
-                      "the training reward; at 13x13 they have 196 (see docs/figures.md)")
+                      help="odd side of the mazes (default the config's, 13); replay of the RL "
+                      "set's solutions earns less on larger mazes (see docs/figures.md)")
   parser.add_argument("--workdir", default=None, help="default runs/maze_passk[_tiny]")
   common.add_one_by_one(parser)
   args = parser.parse_args(argv)
   if args.tuning_seeds < 1:
     parser.error("--tuning-seeds must be >= 1")
   tuning_seeds = common.tuning_seeds(args.tuning_seeds)
-  common.check_reported_seeds(parser, list(range(args.seeds)), tuning_seeds)
+  seeds = list(range(args.seeds))
+  common.check_reported_seeds(parser, seeds, tuning_seeds)
   if not all(rate > 0 for rate in args.learning_rates):
     parser.error("every learning rate must be > 0")
   if args.maze_size is not None:
@@ -171,44 +196,56 @@ def main(argv: list[str] | None = None) -> None:
       maze_env.check_size(args.maze_size)
     except ValueError as error:
       parser.error(f"--maze-size: {error}")
-  config = load_config(args.tiny, args.maze_size)
   workdir = files.path(args.workdir or "runs/" + NAME + "_tiny" * args.tiny)
-  seeds = list(range(args.seeds))
+  config = load_config(args.tiny, args.maze_size)
+  config.warm_start_dir = os.fspath(workdir / "warm_start")
   start = time.time()
   task = MazeTask(config)
-  held_out = task.held_out
-  print(f"held-out: {config.num_eval_mazes} mazes from {held_out.candidates} generated; "
-        f"{held_out.seen_fraction:.1%} of those share their shortest path with a training maze; "
-        f"validation: {config.num_validation_mazes} mazes whose paths neither shares",
-        flush=True)
-  blind = list(replay_pass_at_k(task.train_paths, task.eval_mazes))
-  results = {WARM_START: warm_start_pass_at_k(task, seeds),
-             MAZE_BLIND: dict.fromkeys(seeds, blind)}
+  ks = task.ks
+  checks = pre_rl_checks(task)
+  facts = protocol(config, task, checks)
+  print(f"before RL: warm start held-out pass@1 {checks['scores']['pass@1']:.3f}, "
+        f"validation pass@1 {checks['scores']['validation/pass@1']:.3f}; its p over the "
+        f"{facts['rl_mazes']} RL mazes: {facts['warm_start_rl_set_p']}; overlaps "
+        f"{facts['overlaps']}; shared paths {facts['shared_paths']}", flush=True)
+  blind = {"": replay_pass_at_k(task.train_paths, task.eval_mazes, ks),
+           UNSEEN_SUFFIX: replay_pass_at_k(task.train_paths,
+                                           task.eval_mazes[task.sets.unseen_path], ks)}
   tuned = tune_and_train(config, args.methods, seeds, sorted(set(args.learning_rates)),
                          tuning_seeds, workdir, start, args.one_by_one)
-  results |= {method: {seed: [row[f"pass@{k}"] for k in PASS_AT_K]
-                       for seed, row in runs.runs.items()} for method, runs in tuned.items()}
   stem = NAME + "_tiny" * args.tiny
-  png, csv = common.output_paths(args.out, stem)
-  rates_png, rates_csv = common.output_paths(args.out, stem + RATES_SUFFIX)
-  common.write_pass_at_k_csv(results, seeds, PASS_AT_K, csv, exclude=REFERENCES)
-  write_rates_csv(tuned, rates_csv)
-  plot_rates(tuned, rates_png, args.tuning_seeds)
-  unseen = "unseen in training" if config.novel_eval_paths else "not filtered"
   rates = ", ".join(f"{method} {runs.rate:g}" for method, runs in tuned.items())
-  common.plot_pass_at_k(
-      results, seeds, PASS_AT_K, png, what="held-out mazes", exclude=REFERENCES,
-      styles={WARM_START: dict(linestyle="--", color="gray"),
-              MAZE_BLIND: dict(linestyle=":", color="black")},
-      title=f"{config.maze_size}x{config.maze_size} mazes, B = {config.batch_size} x "
-      f"{config.baseline_n} rollouts/step, {config.num_steps - config.warmup_steps} RL steps, "
-      f"{len(seeds)} seeds, Adam at {rates} (chosen on validation mazes); "
-      f"{config.num_eval_mazes} held-out mazes with paths {unseen} "
-      f"({held_out.seen_fraction:.0%} of generated mazes share a training path)")
-  print(common.pass_at_k_tables(results, seeds, PASS_AT_K, exclude=REFERENCES))
-  all_zero = [seed for seed in seeds
-              if all(results[method][seed][-1] == 0 for method in tuned)]
-  print(f"seeds in which every method scores 0 at pass@{PASS_AT_K[-1]}: {len(all_zero)} "
-        f"{all_zero}; their warm start's pass@{PASS_AT_K[-1]}: "
-        + ", ".join(f"{results[WARM_START][seed][-1]:.3f}" for seed in all_zero))
-  print(f"total {time.time() - start:.0f} s; wrote {png}, {csv}, {rates_png} and {rates_csv}")
+  for suffix, prefix in (("", ""), (UNSEEN_SUFFIX, "unseen_path/")):
+    results = {WARM_START: dict.fromkeys(seeds, [checks["scores"][f"{prefix}pass@{k}"]
+                                                 for k in ks]),
+               MAZE_BLIND: dict.fromkeys(seeds, list(blind[suffix]))}
+    results |= {method: {seed: [row.get(f"{prefix}pass@{k}", np.nan) for k in ks]
+                         for seed, row in runs.runs.items()} for method, runs in tuned.items()}
+    png, csv = common.output_paths(args.out, stem + suffix)
+    common.write_pass_at_k_csv(results, seeds, ks, csv, exclude=REFERENCES)
+    what = "held-out mazes" + " whose path no RL maze has" * bool(suffix)
+    if not suffix:
+      common.plot_pass_at_k(
+          results, seeds, ks, png, what=what, exclude=REFERENCES,
+          styles={WARM_START: dict(linestyle="--", color="gray"),
+                  MAZE_BLIND: dict(linestyle=":", color="black")},
+          title=f"{config.maze_size}x{config.maze_size} mazes, B = {config.batch_size} x "
+          f"{config.baseline_n} rollouts/step, {config.num_steps} RL steps on "
+          f"{facts['rl_mazes']} mazes, one warm start, {len(seeds)} seeds, Adam at {rates} "
+          f"(chosen on validation); {facts['held_out_mazes']} i.i.d. held-out mazes")
+    print(f"{what}:\n" + common.pass_at_k_tables(results, seeds, ks, exclude=REFERENCES))
+    for method in tuned:
+      if method != "uniform" and "uniform" in tuned:
+        print(common.seeds_ahead(results, seeds, ks, method))
+  rates_png, rates_csv = common.output_paths(args.out, stem + RATES_SUFFIX)
+  write_rates_csv(tuned, ks, rates_csv)
+  plot_rates(tuned, rates_png, args.tuning_seeds)
+  facts["learning_rates"] = {method: {"chosen": runs.rate, "validation": {
+      f"{rate:g}": score for rate, score in sorted(runs.scores.items())}}
+      for method, runs in tuned.items()}
+  manifest = common.write_manifest(
+      args.out, argv=["maze", *argv], seeds=seeds, tuning_seeds=tuning_seeds,
+      wall_time_s=time.time() - start, protocol=facts,
+      name="manifest.json" if not args.tiny else "manifest_tiny.json")
+  print(f"total {time.time() - start:.0f} s; wrote {png}, {csv}, {rates_png}, {rates_csv} "
+        f"and {manifest}")

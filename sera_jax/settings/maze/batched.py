@@ -2,7 +2,7 @@
 
 The runs of a batch share every config value that fixes a shape or the compiled program
 (the mazes and data_seed, the policy, batch_size, baseline_n, n_min, n_max, method,
-estimator, ...) and may differ in `VARIED` alone: the seed (initial parameters, batch
+estimator, ...) and may differ in `VARIED` alone: the seed (batch
 order, rollouts), the optimizer's scalars and the allocation's (`registry.SCALARS`: the
 threshold, the historical estimator's discount and prior). Those enter as traced arrays:
 `optax.inject_hyperparams` keeps each run's rates, momentum, weight decay and clipping
@@ -16,7 +16,6 @@ up to the rounding of batched arithmetic.
 from collections.abc import Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -26,8 +25,7 @@ from sera_jax.method import registry
 from sera_jax.settings.maze import task as maze_task
 
 # The optimizer's scalars, each a traced hyperparameter of the batch's optimizer.
-OPTIMIZER_SCALARS = ("learning_rate", "warmup_learning_rate", "momentum", "weight_decay",
-                     "grad_clip_norm")
+OPTIMIZER_SCALARS = ("learning_rate", "momentum", "weight_decay", "grad_clip_norm")
 # The config keys that may differ between the runs of a batch; any other is refused.
 VARIED = ("seed", *OPTIMIZER_SCALARS, *registry.SCALARS)
 
@@ -40,18 +38,15 @@ def check_batchable(configs: Sequence[ml_collections.ConfigDict]) -> None:
 def _optimizer_factory(config: ml_collections.ConfigDict):
   """`maze_task.make_optimizer`'s transformation, its scalars held as arrays in its state."""
 
-  def chain(learning_rate, warmup_learning_rate, momentum, weight_decay, grad_clip_norm):
-    # The rate of the warm start, then of RL: make_optimizer's two constant schedules.
-    rate = lambda count: jnp.where(count < config.warmup_steps,  # noqa: E731
-                                   warmup_learning_rate, learning_rate)
+  def chain(learning_rate, momentum, weight_decay, grad_clip_norm):
     return optax.chain(optax.clip_by_global_norm(grad_clip_norm),
-                       optim.optimizer_chain(config.optimizer, rate, momentum=momentum,
+                       optim.optimizer_chain(config.optimizer, learning_rate, momentum=momentum,
                                              weight_decay=weight_decay))
   return optax.inject_hyperparams(chain)
 
 
 class BatchedMaze:
-  """R maze runs trained as one program: `MazeTask`'s warm-start and RL steps vmapped.
+  """R maze runs trained as one program: `MazeTask`'s RL steps vmapped, from its warm start.
 
   One process: the runs' batches of maze ids are stacked on the host. With a `mesh`
   (`batching.runs_mesh`) the runs are split over its "runs" axis and each run's rollouts
@@ -75,7 +70,6 @@ class BatchedMaze:
                                    optimizer=factory(**dict.fromkeys(OPTIMIZER_SCALARS, 1.0)))
     self._scalars = batching.allocation_scalars(
         [maze_task.allocation_config(config) for config in self.configs], mesh)
-    self._warmup_step = batching.map_runs(self.task.warmup_step_fn, (0, 0), mesh)
     # Sampling is memory-bound: on the CPU the runs' RL steps and evaluations loop over the
     # runs inside the program (`batching.vmap_runs`).
     self._rl_step = batching.map_runs(self.task.rl_step_fn, (0, 0, None, None, 0), mesh,
@@ -88,7 +82,8 @@ class BatchedMaze:
     return len(self.configs)
 
   def init_state(self) -> maze_task.MazeState:
-    """Every run's initial state, each from PRNGKey(its seed) as a run alone, stacked.
+    """Every run's initial state, each from PRNGKey(its seed) as a run alone (the shared warm
+    start, its seed's rng), stacked.
 
     Without a runs mesh it lies on the task's mesh, as the states the steps return do: a
     state placed otherwise would compile the first step a second time.
@@ -104,11 +99,9 @@ class BatchedMaze:
 
   def train_step(self, states: maze_task.MazeState, step: int):
     """One step of every run: (states, metrics of [R] arrays)."""
-    batches = [maze_task.step_batch(config, step) for config in self.configs]
+    batches = [maze_task.batch_ids(config, step) for config in self.configs]
     ids = batching.split_runs(np.stack([ids for ids, _ in batches]), self.mesh)
     new_epoch = batches[0][1]  # the step's alone: the same for every run
-    if new_epoch is None:
-      return self._warmup_step(states, ids)
     return self._rl_step(states, ids, step, new_epoch, self._scalars)
 
   def evaluate(self, states: maze_task.MazeState) -> list[dict[str, float]]:

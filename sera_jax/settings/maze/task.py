@@ -1,8 +1,9 @@
-"""Maze navigation as RL: supervised warm start, then SERA / uniform MaxRL / GRPO.
+"""Maze navigation as RL: SERA / uniform MaxRL / GRPO from one supervised warm start.
 
-A fixed training set of mazes is visited in epochs of shuffled batches of M
-mazes. The first `config.warmup_steps` steps minimise the negative
-log-likelihood of the BFS shortest paths; every later step spends the same
+Every run starts from the warm start of its data (`sera_jax.settings.maze.warm_start`:
+imitation of BFS paths on a pool of mazes disjoint from the RL, validation and held-out sets,
+the same for every seed and method). A fixed RL set of mazes (`sera_jax.settings.maze.sets`)
+is then visited in epochs of shuffled batches of M mazes, every step spending the same
 rollout budget B = M * N0:
 
 * "uniform": N0 rollouts a maze, centered MaxRL advantages
@@ -30,12 +31,18 @@ segment sums over that buffer (docs/method.md#llm-post-training).
 Batches, epochs and RNG depend only on the step number, so the state
 (params, optimizer state, RNG, historical counts) is all a resume needs.
 
+Evaluation (`config.eval_sets`) scores pass@k, k = 1, 2, 4, ... up to config.eval_samples,
+unbiased from config.eval_samples samples a maze: on the held-out mazes ("pass@k", and
+"unseen_path/pass@k" on those whose shortest path no RL maze has) and on the validation mazes
+("validation/pass@k"), which choose hyperparameters.
+
 On a device mesh (`sera_jax.common.sharding`) the mazes of a warm-start batch
 and the flat rollouts of an RL step or an evaluation are split along "data";
 the state, the maze sets and the allocation are replicated, so every process
 draws the same batches and counts and XLA all-reduces the gradients.
 """
 
+import copy
 import functools
 import os
 from typing import Any, NamedTuple
@@ -51,13 +58,21 @@ from sera_jax.common.evaluation import pass_at_k
 from sera_jax.method import allocation, flat, registry, success, validation
 from sera_jax.method.historical import historical_allocation
 from sera_jax.settings.maze import env as maze_env
+from sera_jax.settings.maze import sets as maze_sets
+from sera_jax.settings.maze import warm_start
 from sera_jax.settings.maze.plots import plot_runs
 from sera_jax.settings.maze.policy import MazePolicy
 
 INPUTS = ("log_p",)  # what the maze offers an allocation (`registry.AllocationInputs`)
-PASS_AT_K = tuple(2**i for i in range(9))  # 1, 2, 4, ..., 256
-_TRAIN_SET, _EVAL_SET, WARMUP_ORDER, RL_ORDER, _EVAL_KEY, _VALIDATION_SET, _VALIDATION_KEY = (
-    range(7))
+EVAL_SETS = ("held_out", "validation")
+RL_ORDER = 3  # seeds the batch order with the run's seed and data_seed
+# Tags folded into a run's rng for its evaluation samples, one per set.
+_EVAL_KEY, _VALIDATION_KEY, _RL_SET_KEY = 4, 6, 7
+
+
+def pass_at_ks(num_samples: int) -> tuple[int, ...]:
+  """The k reported from `num_samples` samples a maze: 1, 2, 4, ... up to num_samples."""
+  return tuple(2**i for i in range(int(np.log2(num_samples)) + 1))
 
 
 def maze_success_means(counts: jax.Array, successes: jax.Array, log_p_estimate: jax.Array
@@ -124,10 +139,11 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> 
   if train % batch:
     raise ValueError(f"config.num_train_mazes ({train}) must be a multiple of "
                      f"config.batch_size ({batch}): epochs are whole batches.")
-  validation.integer("config.warmup_steps", config.warmup_steps, minimum=0)
-  if config.warmup_steps > config.num_steps:
-    raise ValueError(f"config.warmup_steps ({config.warmup_steps}) must be <= "
-                     f"config.num_steps ({config.num_steps}).")
+  sft_batch = validation.integer("config.sft_batch_size", config.sft_batch_size, minimum=1)
+  if validation.integer("config.num_sft_mazes", config.num_sft_mazes, minimum=0) % sft_batch:
+    raise ValueError(f"config.num_sft_mazes ({config.num_sft_mazes}) must be a multiple of "
+                     f"config.sft_batch_size ({sft_batch}): the warm start sees each once.")
+  validation.integer("config.sft_seed", config.sft_seed, minimum=0)
   microbatches = validation.integer("config.microbatches", config.microbatches, minimum=1)
   if (batch * config.baseline_n) % microbatches:
     raise ValueError(f"config.microbatches ({microbatches}) must divide the rollout budget "
@@ -137,10 +153,12 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> 
       "the rollouts of a microbatch, batch_size * baseline_n / microbatches,",
       batch * config.baseline_n // microbatches, num_devices)
   validation.choice("config.optimizer", config.optimizer, optim.OPTIMIZERS)
-  for name in ("learning_rate", "warmup_learning_rate", "grad_clip_norm"):
+  for name in ("learning_rate", "sft_learning_rate", "grad_clip_norm"):
     validation.real(f"config.{name}", config[name], positive=True)
-  validation.integer("config.eval_samples", config.eval_samples, minimum=max(PASS_AT_K))
-  validation.integer("config.num_eval_mazes", config.num_eval_mazes, minimum=1)
+  validation.integer("config.eval_samples", config.eval_samples, minimum=1)
+  for name in config.eval_sets:
+    validation.choice("config.eval_sets", name, EVAL_SETS)
+  validation.integer("config.num_eval_mazes", config.num_eval_mazes, minimum=0)
   eval_batch = validation.integer("config.eval_batch_size", config.eval_batch_size, minimum=1)
   for name in ("num_eval_mazes", "num_validation_mazes"):
     if config.get(name, 0) % eval_batch:
@@ -153,15 +171,13 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> 
 
 
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Clipped Adam(W) or SGD; the warm start and RL phases have their own learning rate."""
-  schedule = optax.join_schedules(
-      [optax.constant_schedule(config.warmup_learning_rate),
-       optax.constant_schedule(config.learning_rate)], [config.warmup_steps])
+  """Clipped Adam(W) or SGD at the constant RL rate config.learning_rate (the warm start has
+  its own, `warm_start.make_optimizer`)."""
   return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm),
-                     optim.make_optimizer(config, schedule))
+                     optim.make_optimizer(config, optax.constant_schedule(config.learning_rate)))
 
 
-def batch_ids(config: ml_collections.ConfigDict, index: int, order: int
+def batch_ids(config: ml_collections.ConfigDict, index: int, order: int = RL_ORDER
               ) -> tuple[np.ndarray, bool]:
   """Maze ids of the index-th batch of shuffled epochs, and whether it opens an epoch > 0."""
   per_epoch = config.num_train_mazes // config.batch_size
@@ -174,118 +190,17 @@ def batch_ids(config: ml_collections.ConfigDict, index: int, order: int
   return ids.astype(np.int32), position == 0 and epoch > 0
 
 
-def step_batch(config: ml_collections.ConfigDict, step: int) -> tuple[np.ndarray, bool | None]:
-  """The maze ids of `step`'s batch, and whether it opens an RL epoch > 0 (None in the warm
-  start): what `MazeTask.train_step` hands its warm-start or RL step."""
-  if step < config.warmup_steps:
-    return batch_ids(config, step, WARMUP_ORDER)[0], None
-  return batch_ids(config, step - config.warmup_steps, RL_ORDER)
+def step_limit(config: ml_collections.ConfigDict) -> int:
+  """The step limit T: config.max_steps, or (0) the longest possible shortest path + 1."""
+  return config.max_steps or maze_env.max_path_length(config.maze_size) + 1
 
 
-def _generate(key: jax.Array, count: int, size: int) -> jax.Array:
-  return jax.vmap(lambda k: maze_env.generate(k, size))(jax.random.split(key, count))
-
-
-def _generate_paths(mazes: jax.Array, max_steps: int) -> jax.Array:
-  """The shortest path of every maze."""
-  return jax.vmap(lambda m: maze_env.shortest_path(m, max_steps)[0])(mazes)
-
-
-@functools.partial(jax.jit, static_argnums=(1, 2, 3))
-def _generate_with_paths(key: jax.Array, count: int, size: int, max_steps: int
-                         ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(mazes, their shortest paths, their lengths in moves)."""
-  mazes = _generate(key, count, size)
-  paths, lengths = jax.vmap(lambda m: maze_env.shortest_path(m, max_steps))(mazes)
-  return mazes, paths, lengths
-
-
-class HeldOut(NamedTuple):
-  """The held-out mazes and how their solutions relate to the training solutions.
-
-  Attributes:
-    mazes: bool [num_eval_mazes, size, size].
-    candidates: mazes generated to find them.
-    seen_fraction: fraction of the candidates whose shortest-path action
-      sequence occurs among the training mazes' (what an unfiltered held-out
-      set of this size would share with training).
-  """
-  mazes: jax.Array
-  candidates: int
-  seen_fraction: float
-
-
-def held_out_mazes(key: jax.Array, count: int, size: int, max_steps: int,
-                   train_paths: jax.Array, *, novel: bool, chunk: int = 256,
-                   max_candidates: int = 1 << 16) -> HeldOut:
-  """`count` held-out mazes, each solvable within `max_steps` moves; with `novel`, only
-  mazes whose solution no training maze shares.
-
-  A perfect maze has one shortest path, and a policy that replays training
-  solutions solves exactly the held-out mazes whose path it replays
-  (`replay_pass_at_k`); held-out mazes with unseen paths measure navigation,
-  not memory. Candidates are drawn in chunks from `key` (deterministic); one whose shortest
-  path is longer than `max_steps` (a config.max_steps set below the longest) is left out, as
-  no rollout could solve it.
-
-  Raises:
-    ValueError: fewer than `count` such mazes among `max_candidates`.
-  """
-  if count == 0:
-    return HeldOut(jnp.zeros((0, size, size), bool), 0, 0.0)
-  seen = {row.tobytes() for row in np.asarray(train_paths)}
-  kept, candidates, seen_count = [], 0, 0
-  while len(kept) < count:
-    if candidates >= max_candidates:
-      raise ValueError(
-          f"only {len(kept)} of {candidates} generated {size}x{size} mazes have a solution "
-          f"within max_steps = {max_steps} moves{' that no training maze shares' * novel}; "
-          f"lower num_eval_mazes or num_train_mazes, or raise maze_size or max_steps.")
-    mazes, paths, lengths = jax.device_get(_generate_with_paths(
-        jax.random.fold_in(key, candidates // chunk), chunk, size, max_steps))
-    repeated = np.array([row.tobytes() in seen for row in paths])
-    seen_count += int(repeated.sum())
-    candidates += chunk
-    kept.extend(mazes[(lengths <= max_steps) & (~repeated if novel else True)])
-  return HeldOut(jnp.asarray(np.stack(kept[:count])), candidates, seen_count / candidates)
-
-
-def replay_pass_at_k(train_paths: jax.Array, mazes: jax.Array, ks=PASS_AT_K) -> np.ndarray:
-  """pass@k of the maze-blind replay policy: a training solution drawn uniformly (each
-  training maze's path at its training frequency), whatever the maze.
-
-  Its success probability on maze m is exact, p_m = mean_t reward(m, path_t),
-  and so is its pass@k = mean_m 1 - (1 - p_m)^k.
-  """
-  solves = jax.vmap(lambda maze: jax.vmap(lambda path: maze_env.reward(maze, path))(
-      train_paths))(mazes)
-  p = np.asarray(jnp.mean(solves, axis=1), np.float64)[:, None]
-  return np.mean(-np.expm1(np.asarray(ks)[None, :] * np.log1p(-np.minimum(p, 1.0))), axis=0)
-
-
-@functools.lru_cache(maxsize=8)
-def maze_sets(data_seed: int, maze_size: int, max_steps: int, num_train: int, num_eval: int,
-              num_validation: int, novel_eval_paths: bool
-              ) -> tuple[jax.Array, jax.Array, HeldOut, HeldOut]:
-  """(training mazes, their shortest paths, held-out, validation) of a data seed.
-
-  Every run of a data seed has the same sets: they are built once a process (the runs of a
-  figure, the tasks of its batches) and shared, read-only.
-  """
-  data_key = jax.random.PRNGKey(data_seed)
-  train_mazes = _generate(jax.random.fold_in(data_key, _TRAIN_SET), num_train, maze_size)
-  train_paths, lengths = jax.vmap(lambda m: maze_env.shortest_path(m, max_steps))(train_mazes)
-  if int(jnp.max(lengths)) > max_steps:
-    raise ValueError(f"config.max_steps ({max_steps}) is shorter than a shortest path "
-                     f"({int(jnp.max(lengths))} moves) of the training set.")
-  held_out = held_out_mazes(jax.random.fold_in(data_key, _EVAL_SET), num_eval, maze_size,
-                            max_steps, train_paths, novel=novel_eval_paths)
-  # Validation mazes (to choose hyperparameters on) have shortest paths that neither a
-  # training nor a held-out maze has.
-  validation = held_out_mazes(
-      jax.random.fold_in(data_key, _VALIDATION_SET), num_validation, maze_size, max_steps,
-      jnp.concatenate([train_paths, _generate_paths(held_out.mazes, max_steps)]), novel=True)
-  return train_mazes, train_paths, held_out, validation
+def config_sets(config: ml_collections.ConfigDict) -> maze_sets.MazeSets:
+  """The maze sets of `config` (`sets.maze_sets`, built once a process)."""
+  return maze_sets.maze_sets(
+      config.data_seed, config.maze_size, step_limit(config), config.num_train_mazes,
+      config.num_eval_mazes, config.num_validation_mazes, config.num_sft_mazes,
+      config.sft_disjoint_paths)
 
 
 class MazeTask:
@@ -299,59 +214,87 @@ class MazeTask:
     validate_config(config, self.mesh.shape[sharding.DATA_AXIS])
     self.config = config
     self.allocation = allocation_config(config)
-    max_steps = config.max_steps or maze_env.max_path_length(config.maze_size) + 1
-    self.policy = MazePolicy(config.maze_size, max_steps, config.dim, config.num_layers,
-                             config.num_heads)
-    train_mazes, train_paths, self.held_out, self.validation = maze_sets(
-        config.data_seed, config.maze_size, max_steps, config.num_train_mazes,
-        config.num_eval_mazes, config.get("num_validation_mazes", 0), config.novel_eval_paths)
+    self.ks = pass_at_ks(config.eval_samples)
+    self.policy = MazePolicy(config.maze_size, step_limit(config), config.dim,
+                             config.num_layers, config.num_heads)
+    self.sets = config_sets(config)
     # Every process builds the same sets; the steps read them replicated on the mesh.
     self.train_mazes, self.train_paths, self.eval_mazes, self.validation_mazes = (
-        sharding.replicate((train_mazes, train_paths, self.held_out.mazes,
-                            self.validation.mazes), self.mesh))
+        sharding.replicate(tuple(jnp.asarray(x) for x in (
+            self.sets.rl.mazes, self.sets.rl.paths, self.sets.held_out.mazes,
+            self.sets.validation.mazes)), self.mesh))
     self.optimizer = make_optimizer(config) if optimizer is None else optimizer
-    self._warmup_step = jax.jit(self.warmup_step_fn)
     self._rl_step = jax.jit(self.rl_step_fn)
     self._eval_successes = jax.jit(self.eval_successes_fn,
                                    out_shardings=sharding.replicated(self.mesh))
 
+  def warm_start(self) -> Any:
+    """The parameters every run starts from (`warm_start.warm_start`, kept on disk in
+    config.warm_start_dir when it names one)."""
+    return warm_start.warm_start(self.policy, self.sets.sft.mazes, self.sets.sft.paths,
+                                 self.config, self.config.warm_start_dir)
+
   # ---- protocol -------------------------------------------------------------------------------
 
   def init_state(self, rng: jax.Array) -> MazeState:
-    params = self.policy.init(jax.random.fold_in(rng, 1))
+    params = self.warm_start()
     state = MazeState(params, self.optimizer.init(params), rng,
                       success.historical_init(self.config.num_train_mazes))
     return sharding.replicate(state, self.mesh)
 
   def train_step(self, state: MazeState, step: int) -> tuple[MazeState, dict[str, jax.Array]]:
-    ids, new_epoch = step_batch(self.config, step)
-    ids = sharding.replicate(ids, self.mesh)
-    if new_epoch is None:
-      return self._warmup_step(state, ids)
-    return self._rl_step(state, ids, step, new_epoch)
+    ids, new_epoch = batch_ids(self.config, step)
+    return self._rl_step(state, sharding.replicate(ids, self.mesh), step, new_epoch)
 
   def evaluate(self, state: MazeState) -> dict[str, float]:
-    """pass@k on the held-out mazes from config.eval_samples samples a maze, and as
-    "validation/pass@k" on the validation mazes when the config has some."""
+    """pass@k on the sets of config.eval_sets (see the module docstring)."""
     successes = functools.partial(self._eval_successes, state.params, state.rng)
     return {name: float(values[0]) for name, values in
             self.pass_at_k(lambda *args: successes(*args)[None]).items()}
 
+  def successes(self, successes, mazes: jax.Array, key_tag: int) -> np.ndarray:
+    """int [R, len(mazes)]: the successes among config.eval_samples samples of each maze of R
+    policies, whose successes on a slice of eval_batch_size mazes are
+    `successes(mazes, start, key_tag)` (as `eval_successes_fn` counts them for one)."""
+    return np.concatenate(jax.device_get(
+        [successes(mazes, start, key_tag)
+         for start in range(0, mazes.shape[0], self.config.eval_batch_size)]), axis=1)
+
   def pass_at_k(self, successes) -> dict[str, np.ndarray]:
-    """{"pass@k" and "validation/pass@k": [R]} of R policies whose successes on a slice of
-    mazes are `successes(mazes, start, key_tag)`: int [R, eval_batch_size], as
-    `eval_successes_fn` counts them for one."""
-    sets = [(self.eval_mazes, _EVAL_KEY, "")]
-    if self.config.get("num_validation_mazes", 0):
-      sets.append((self.validation_mazes, _VALIDATION_KEY, "validation/"))
-    metrics = {}
-    for mazes, key_tag, prefix in sets:
-      counts = np.concatenate(jax.device_get(
-          [successes(mazes, start, key_tag)
-           for start in range(0, mazes.shape[0], self.config.eval_batch_size)]), axis=1)
-      values = np.stack([pass_at_k(run, self.config.eval_samples, PASS_AT_K) for run in counts])
-      metrics |= {f"{prefix}pass@{k}": values[:, i] for i, k in enumerate(PASS_AT_K)}
+    """{"pass@k", "unseen_path/pass@k", "validation/pass@k": [R]} of the sets of
+    config.eval_sets for R policies whose successes are `successes` (see `successes`)."""
+    num_samples, metrics = self.config.eval_samples, {}
+
+    def scores(counts, prefix):
+      values = np.stack([pass_at_k(run, num_samples, self.ks) for run in counts])
+      return {f"{prefix}pass@{k}": values[:, i] for i, k in enumerate(self.ks)}
+
+    if "held_out" in self.config.eval_sets and self.eval_mazes.shape[0]:
+      counts = self.successes(successes, self.eval_mazes, _EVAL_KEY)
+      metrics |= scores(counts, "")
+      if self.sets.unseen_path.any():
+        metrics |= scores(counts[:, self.sets.unseen_path], "unseen_path/")
+    if "validation" in self.config.eval_sets and self.validation_mazes.shape[0]:
+      metrics |= scores(self.successes(successes, self.validation_mazes, _VALIDATION_KEY),
+                        "validation/")
     return metrics
+
+  def rl_set_success_rates(self, params, num_samples: int) -> np.ndarray:
+    """float64 [num_train_mazes]: each RL maze's success rate among `num_samples` samples of
+    the policy `params` (the spread of p that SERA allocates over)."""
+    if self.config.num_train_mazes % self.config.eval_batch_size:
+      raise ValueError(f"config.num_train_mazes ({self.config.num_train_mazes}) must be a "
+                       f"multiple of config.eval_batch_size ({self.config.eval_batch_size}) "
+                       f"to score the RL set.")
+    config = self.config.copy_and_resolve_references()
+    config.eval_samples = num_samples
+    task = copy.copy(self)
+    task.config = config
+    count = jax.jit(task.eval_successes_fn)
+    rng = jax.random.PRNGKey(self.config.sft_seed)
+    counts = task.successes(lambda *args: count(params, rng, *args)[None], self.train_mazes,
+                            _RL_SET_KEY)
+    return counts[0] / num_samples
 
   def write_figures(self, workdir: str, rows: list[dict]) -> None:
     """maze.png: training success rate over steps and the last pass@k curve."""
@@ -362,19 +305,6 @@ class MazeTask:
   def _apply(self, state: MazeState, grads) -> tuple[Any, Any]:
     updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
     return optax.apply_updates(state.params, updates), opt_state
-
-  def warmup_step_fn(self, state: MazeState, ids: jax.Array) -> tuple[MazeState, dict]:
-    """Supervised step (unjitted): minimise the mean NLL of the BFS paths of a batch."""
-    mazes = sharding.split_rows(self.train_mazes[ids], self.mesh)
-    paths = sharding.split_rows(self.train_paths[ids], self.mesh)
-
-    def nll(params):
-      return -jnp.mean(self.policy.log_prob(params, mazes, paths[:, None])[:, 0])
-
-    loss, grads = jax.value_and_grad(nll)(state.params)
-    params, opt_state = self._apply(state, grads)
-    return state._replace(params=params, opt_state=opt_state), {"loss": loss,
-                                                                "warmup/nll": loss}
 
   def rl_step_fn(self, state: MazeState, ids: jax.Array, step, new_epoch, scalars=None
                  ) -> tuple[MazeState, dict]:
