@@ -375,12 +375,11 @@ def test_a_batch_killed_as_a_process_resumes_exactly(tmp_path):
 
 def _maze_config(method="sera", **overrides):
   config = configs.load("maze")
-  # Epochs of 2 RL steps after a 1-step warm start: SERA allocates at step 3. 5x5 mazes, which
-  # the policy solves now and then from the start (so the RL gradients are not all 0), repeat
-  # the training mazes' paths: the held-out mazes need not be novel.
+  # Epochs of 2 RL steps: SERA allocates at step 2. On 7x7 mazes the policy succeeds now and
+  # then from the start, so the RL gradients are not all 0.
   config.update(dict(method=method, maze_size=7, num_validation_mazes=0, num_sft_mazes=16,
-                     sft_batch_size=8, eval_samples=256, sft_disjoint_paths=False, num_train_mazes=8,
-                     batch_size=4, baseline_n=4,
+                     sft_batch_size=8, eval_samples=256, sft_disjoint_paths=False,
+                     num_train_mazes=8, batch_size=4, baseline_n=4,
                      n_min=2, n_max=8, num_eval_mazes=2, eval_batch_size=2, dim=16,
                      num_layers=1, num_heads=2,
                      num_steps=MAZE_STEPS) | overrides)
