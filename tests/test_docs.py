@@ -24,7 +24,8 @@ METHOD = DOCS / "method.md"
 # The sections of the method's specification, in order; code and pages cite them by anchor.
 METHOD_SECTIONS = [
     "the-estimator-and-its-scale", "the-waterline", "integer-rounding", "the-active-set",
-    "weights-and-the-loss", "estimating-p", "classification-as-rl", "the-packages-layers",
+    "weights-and-the-loss", "estimating-p", "classification-as-rl", "maze-navigation",
+    "the-packages-layers",
     "llm-post-training", "the-score-of-a-sequence"]
 CITING_SUFFIXES = (".py", ".md", ".toml", ".cff", ".sh")
 # What .gitignore leaves out (and .git itself): build outputs and caches, never sources.

@@ -23,6 +23,7 @@ import subprocess
 import textwrap
 import time
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from typing import Any, NamedTuple, TypeVar
 
 import jax
@@ -569,23 +570,27 @@ def _git(*args: str) -> str:
     return ""
 
 
+def _version(distribution: str) -> str:
+  try:
+    return metadata.version(distribution)
+  except metadata.PackageNotFoundError:  # a source tree that was never installed
+    return "0+unknown"
+
+
 def write_manifest(out: str, *, argv: Sequence[str], seeds: Sequence[int],
                    tuning_seeds: Sequence[int], wall_time_s: float,
                    protocol: Mapping[str, Any], name: str = "manifest.json") -> str:
   """Writes `out`/`name`: how the figure beside it was made (the command, the package version
   and git commit with a flag for uncommitted changes, the jax and flax versions, the device,
   the seeds, the wall time and the figure's protocol facts). Returns its path."""
-  import flax  # noqa: PLC0415  (only a figure's manifest names its version)
-
-  import sera_jax  # noqa: PLC0415
   manifest = {
       "command": "sera-jax figure " + " ".join(argv),
       "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-      "sera_jax_version": sera_jax.__version__,
+      "sera_jax_version": _version("sera_jax"),
       "git_commit": _git("rev-parse", "HEAD"),
       "uncommitted_changes": bool(_git("status", "--porcelain", "--untracked-files=no")),
       "jax_version": jax.__version__,
-      "flax_version": flax.__version__,
+      "flax_version": _version("flax"),
       "device": f"{jax.devices()[0].platform}: {jax.devices()[0].device_kind} x "
                 f"{jax.device_count()}",
       "seeds": list(seeds),

@@ -158,7 +158,7 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> 
   validation.integer("config.eval_samples", config.eval_samples, minimum=1)
   for name in config.eval_sets:
     validation.choice("config.eval_sets", name, EVAL_SETS)
-  validation.integer("config.num_eval_mazes", config.num_eval_mazes, minimum=0)
+  validation.integer("config.num_eval_mazes", config.num_eval_mazes, minimum=1)
   eval_batch = validation.integer("config.eval_batch_size", config.eval_batch_size, minimum=1)
   for name in ("num_eval_mazes", "num_validation_mazes"):
     if config.get(name, 0) % eval_batch:
