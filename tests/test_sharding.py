@@ -53,8 +53,10 @@ CASES = {
                             "--config.checkpoint_every=10"), 20, 10, 8, 1e-5, "alignment.png"),
     # Epochs of 2 RL steps after a 2-step warm start: SERA allocates from step 4 on.
     "maze": Case(("--config=maze", "--config.maze_size=7", "--config.num_steps=10",
-                  "--config.num_validation_mazes=0", "--config.num_sft_mazes=16",
-                  "--config.sft_batch_size=8", "--config.eval_samples=64",
+                  "--config.num_validation_mazes=0", "--config.num_sft_mazes=64",
+                  "--config.sft_batch_size=8", "--config.sft_learning_rate=1e-2",
+                  "--config.sft_disjoint_paths=false",
+                  "--config.eval_samples=64",
                   "--config.num_train_mazes=16", "--config.batch_size=8",
                   "--config.baseline_n=4", "--config.n_max=16", "--config.num_eval_mazes=8",
                   "--config.eval_batch_size=8", "--config.dim=16", "--config.num_layers=1",

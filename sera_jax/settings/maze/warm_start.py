@@ -3,7 +3,7 @@
 As the paper's authors make it: `config.num_sft_mazes` mazes of the pool
 (`sera_jax.settings.maze.sets`), each seen once, `config.sft_batch_size` a step, minimising the
 mean negative log-likelihood of their shortest paths with Adam on a cosine decay from
-`config.sft_learning_rate` to 0 (clipped as RL is, at `config.grad_clip_norm`), from fresh
+`config.sft_learning_rate` to 0 (gradients clipped at `GRAD_CLIP_NORM`, the authors'), from fresh
 parameters of `config.sft_seed`.
 
 The warm start depends on the data and the policy alone, never on a run's seed or method: it
@@ -31,7 +31,8 @@ from sera_jax.settings.maze.policy import MazePolicy
 # policy and the recipe.
 KEYS = ("data_seed", "maze_size", "max_steps", "num_train_mazes", "num_eval_mazes",
         "num_validation_mazes", "num_sft_mazes", "sft_disjoint_paths", "sft_batch_size",
-        "sft_learning_rate", "sft_seed", "grad_clip_norm", "dim", "num_layers", "num_heads")
+        "sft_learning_rate", "sft_seed", "dim", "num_layers", "num_heads")
+GRAD_CLIP_NORM = 1.0  # the warm start's own, so runs of any RL clip share one
 _IN_PROCESS: dict[str, dict] = {}
 
 
@@ -53,7 +54,7 @@ def params_digest(params) -> str:
 def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
   """Clipped Adam on a cosine decay from config.sft_learning_rate to 0 over the pool."""
   steps = max(config.num_sft_mazes // config.sft_batch_size, 1)  # 0 mazes: no step taken
-  return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm),
+  return optax.chain(optax.clip_by_global_norm(GRAD_CLIP_NORM),
                      optax.adam(optax.cosine_decay_schedule(config.sft_learning_rate, steps)))
 
 
