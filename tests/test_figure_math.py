@@ -2,6 +2,7 @@
 its choice of each arm's learning rate."""
 
 import pytest
+from manifests import assert_manifest
 
 from sera_jax.common import files
 
@@ -14,6 +15,9 @@ def test_math_figure_smoke_reuses_finished_runs_and_refuses_other_settings(tmp_p
           str(tmp_path / "runs"), "--out", str(tmp_path)]
   math_figure.main(args)
   rows = files.read_csv(tmp_path / "math_passk_tiny.csv")
+  protocol = assert_manifest(tmp_path, "math_passk_tiny", "math", args, [0, 1], [100])[
+      "protocol"]
+  assert protocol["learning_rates"]["chosen"] == {"sera": 1e-3, "uniform": 1e-3}
   assert {r["method"] for r in rows} == {"warm start", "sera", "uniform", "sera - uniform"}
   value = {(r["method"], r["k"], s): float(r[f"seed{s}"]) for r in rows for s in (0, 1)}
   for (method, k, s), difference in value.items():

@@ -6,6 +6,7 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from manifests import assert_manifest
 
 from sera_jax.common import files
 from sera_jax.harness import batched, train
@@ -49,10 +50,12 @@ def test_historical_estimate_replays_the_epochs(run_dir):
 
 @pytest.mark.slow
 def test_alignment_vs_budget_smoke(run_dir, tmp_path):
-  rows = budget.main(
-      [*TINY, "--workdir", run_dir, "--out", str(tmp_path), "--baselines", "2",
-       "--seeds", "3"])
+  argv = [*TINY, "--workdir", run_dir, "--out", str(tmp_path), "--baselines", "2",
+          "--seeds", "3"]
+  rows = budget.main(argv)
   assert (tmp_path / "alignment_vs_budget.png").stat().st_size > 0
+  manifest = assert_manifest(tmp_path, "alignment_vs_budget", "budget", argv, [0, 1, 2], [])
+  assert manifest["protocol"]["baselines"] == [2] and manifest["protocol"]["run_method"] == "ce"
   written = files.read_csv(tmp_path / "alignment_vs_budget.csv")
   assert len(written) == len(rows) == 3 * len(budget.METHODS)  # snapshots x methods
   assert {r["method"] for r in written} >= {"sera", "knapsack", "gvm", "adaptive"}
@@ -69,9 +72,11 @@ def test_alignment_vs_budget_smoke(run_dir, tmp_path):
 
 @pytest.mark.slow
 def test_scale_equalization_smoke(run_dir, tmp_path):
-  rows = scale.main(
-      [*TINY, "--workdir", run_dir, "--out", str(tmp_path)])
+  argv = [*TINY, "--workdir", run_dir, "--out", str(tmp_path)]
+  rows = scale.main(argv)
   assert (tmp_path / "scale_equalization.png").stat().st_size > 0
+  assert assert_manifest(tmp_path, "scale_equalization", "scale", argv, [], [])["protocol"][
+      "snapshots"].keys() == {"early", "mid", "late"}
   assert len(files.read_csv(tmp_path / "scale_equalization.csv")) == len(rows) == 3 * 256
   for snapshot in ("early", "late"):
     points = [r for r in rows if r["snapshot"] == snapshot]
@@ -85,9 +90,11 @@ def test_scale_equalization_smoke(run_dir, tmp_path):
 
 @pytest.mark.slow
 def test_ablations_smoke(run_dir, tmp_path):
-  rows = ablations.main(
-      [*TINY, "--workdir", run_dir, "--out", str(tmp_path), "--batches", "1", "--seeds", "3"])
+  argv = [*TINY, "--workdir", run_dir, "--out", str(tmp_path), "--batches", "1", "--seeds", "3"]
+  rows = ablations.main(argv)
   assert (tmp_path / "ablations.png").stat().st_size > 0
+  assert assert_manifest(tmp_path, "ablations", "ablations", argv, [0, 1, 2], [])["protocol"][
+      "batches"] == 1
   assert len(files.read_csv(tmp_path / "ablations.csv")) == len(rows)
   overall = {r["variant"]: r for r in rows if r["scope"] == "all"}
   assert overall["SERA (reference)"]["delta_realized"] == 0
@@ -219,6 +226,10 @@ def test_training_outcome_smoke_and_its_cache_refuses_a_run_of_another_config(tm
           "--workdir-root", str(tmp_path / "runs"), "--out", str(tmp_path)]
   outcome.main(args)
   rows = files.read_csv(tmp_path / "training_outcome.csv")
+  protocol = assert_manifest(tmp_path, "training_outcome", "outcome", args, [0, 1], [100])[
+      "protocol"]
+  assert protocol["num_steps"] == {"digits": 4}
+  assert protocol["learning_rates"]["digits/sera"]["validation"].keys() == {"0.01", "0.1"}
   assert {(r["dataset"], r["method"]) for r in rows} == {("digits", "sera"), ("digits", "uniform")}
   assert {"mean", "std", "ci95", "seed0", "seed1", "learning_rate"} <= set(rows[0])
   assert (tmp_path / "training_outcome.png").stat().st_size > 0
@@ -281,3 +292,19 @@ def test_pass_at_k_outputs_show_paired_differences_only_when_there_are_some(
                         what="mazes", exclude=["warm start"])
   assert (tmp_path / "passk.png").exists()
   assert not [w for w in recwarn if "legend" in str(w.message)]  # no empty panel
+
+
+def test_figure_list_names_each_figure_its_cost_and_its_manifests_date(tmp_path, monkeypatch,
+                                                                      capsys):
+  from sera_jax.harness import cli
+  monkeypatch.chdir(tmp_path)
+  common.write_manifest(common.OUT_DIR, scale.NAME, figure="scale", argv=[], seeds=[],
+                        tuning_seeds=[], wall_time_s=1.0, protocol={"snapshots": {}})
+  cli.main(["figure", "--list"])
+  lines = capsys.readouterr().out.splitlines()
+  assert [line.split()[0] for line in lines] == list(cli.FIGURES)
+  listed = dict(zip(cli.FIGURES, lines, strict=True))
+  manifest = common.read_manifest(common.OUT_DIR, scale.NAME)
+  assert scale.CPU_COST in listed["scale"] and f"made {manifest['made_at']}" in listed["scale"]
+  assert listed["budget"].endswith("no manifest in docs/figures")
+  assert listed["maze"].endswith("no manifest in docs/figures/maze")

@@ -6,6 +6,7 @@
   sera-jax sweep [--config NAME|FILE] --grid KEY=V1,V2,... [--grid ...] [--workdir-root DIR]
                  [--print-commands] [--one-by-one]
   sera-jax figure budget|scale|ablations|outcome|maze|math|scaling [--out DIR] ...
+  sera-jax figure --list
   sera-jax evaluate [--config NAME|FILE] [--config.KEY=VALUE ...] --data [NAME:]FORMAT=PATH
                     [--data ...] [--samples N] [--out DIR] [--step STEP] ...
 
@@ -13,8 +14,10 @@ With no arguments `train` runs the shipped config `default` (SERA on the
 embedded digits) into runs/default-sera. Shipped configs: CONFIGS.
 A gsm8k config trains through Tunix (the [llm] extra) and writes only to its
 config.checkpoint_dir and config.log_dir, so it takes no --workdir or --resume.
-Every figure writes its PNG and CSV into the directory --out (default
-docs/figures). `evaluate` scores an LLM config's policy (default gsm8k_qwen3:
+Every figure writes its PNG, CSV and manifest (how it was made) into the
+directory --out (default docs/figures); `figure --list` prints each figure,
+its cost on a 2-core CPU and when its manifest there was written.
+`evaluate` scores an LLM config's policy (default gsm8k_qwen3:
 config.model_dir's weights, or the actor trained into config.checkpoint_dir)
 on problem files: pass@k, mean@n and greedy accuracy into --out. `sera-jax
 COMMAND --help` lists a command's options.
@@ -161,8 +164,23 @@ def sweep(argv: list[str]) -> None:
   _ending_on_checkpoint_errors(sweeping.main, argv, train_command=train)
 
 
+def list_figures() -> None:
+  """Prints each figure: its name, its cost on a 2-core CPU, when its manifest in its default
+  --out directory was written (and at which commit)."""
+  from sera_jax.harness.figures import common
+  for name in FIGURES:
+    module = importlib.import_module(f"sera_jax.harness.figures.{name}")
+    out = getattr(module, "OUT_DIR", common.OUT_DIR)
+    manifest = common.read_manifest(out, module.NAME)
+    made = (f"made {manifest['made_at']} at {manifest['git_commit'][:7] or 'no commit'}"
+            if manifest else f"no manifest in {out}")
+    print(f"{name:10s} {module.CPU_COST:42s} {made}")
+
+
 def figure(argv: list[str]) -> None:
   """Runs a figure experiment of sera_jax.harness.figures: its arguments follow the name."""
+  if argv == ["--list"]:
+    return list_figures()
   if not argv or argv[0] not in FIGURES:
     raise SystemExit(f"error: sera-jax figure needs one of {', '.join(FIGURES)}; "
                      f"`sera-jax figure NAME --help` lists its options.")

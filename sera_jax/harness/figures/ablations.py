@@ -22,6 +22,7 @@ Writes OUT/ablations.png and OUT/ablations.csv (default OUT = docs/figures) and
 prints the table.
 """
 
+import sys
 import time
 
 import jax
@@ -33,6 +34,7 @@ from sera_jax.harness.figures import common
 from sera_jax.settings.classification import alignment
 
 NAME = "ablations"
+CPU_COST = "about 20 s after budget"  # on a 2-core CPU (`sera-jax figure --list`)
 REFERENCE = "SERA (reference)"
 
 
@@ -139,6 +141,7 @@ def main(argv=None):
   parser = common.figure_parser("ablations", __doc__)
   common.add_run_arguments(parser, seeds=16)
   parser.add_argument("--batches", type=int, default=2, help="fixed batches per snapshot")
+  argv = sys.argv[1:] if argv is None else argv
   args = parser.parse_args(argv)
   if args.seeds < 2:
     parser.error("--seeds must be >= 2 for an interval")
@@ -160,6 +163,10 @@ def main(argv=None):
       [r["variant"], r["expected_cos"], r["realized_cos"], r["delta_expected"],
        r["delta_realized"], r["delta_realized_ci95"], r["expected_norm_ratio"],
        r["active_fraction"]] for r in rows if r["scope"] == "all"]))
-  print(f"\nwrote {png} and {csv} in {time.time() - start:.0f} s")
+  manifest = common.write_manifest(
+      args.out, NAME, figure="ablations", argv=argv, seeds=list(range(args.seeds)),
+      tuning_seeds=[], wall_time_s=time.time() - start,
+      protocol=common.snapshot_protocol(args, task, snapshots, batches=args.batches))
+  print(f"\nwrote {png}, {csv} and {manifest} in {time.time() - start:.0f} s")
   return rows
 

@@ -20,6 +20,7 @@ Writes alignment_vs_budget.png and alignment_vs_budget.csv into --out
 (default docs/figures) and prints the tables.
 """
 
+import sys
 import time
 
 import jax
@@ -31,6 +32,7 @@ from sera_jax.harness.figures import common
 from sera_jax.settings.classification import alignment
 
 NAME = "alignment_vs_budget"
+CPU_COST = "about 1 min, training its run"  # on a 2-core CPU (`sera-jax figure --list`)
 METHODS = (("uniform", "tab:orange"), ("equalized", "tab:green"), ("sera", "tab:blue"),
            ("knapsack", "tab:red"), ("gvm", "tab:purple"), ("adaptive", "tab:brown"))
 BASELINES = (2, 4, 8, 16, 32, 64, 128)
@@ -120,6 +122,7 @@ def main(argv=None):
   common.add_run_arguments(parser, seeds=16)
   parser.add_argument("--baselines", type=int, nargs="+", default=list(BASELINES),
                       help="N0 values of the sweep")
+  argv = sys.argv[1:] if argv is None else argv
   args = parser.parse_args(argv)
   if args.seeds < 2:
     parser.error("--seeds must be >= 2 for an interval")
@@ -130,6 +133,10 @@ def main(argv=None):
   files.write_csv(csv, rows)
   plot(rows, snapshots, png)
   print(tables(rows, snapshots))
-  print(f"\nwrote {png} and {csv} in {time.time() - start:.0f} s")
+  manifest = common.write_manifest(
+      args.out, NAME, figure="budget", argv=argv, seeds=list(range(args.seeds)),
+      tuning_seeds=[], wall_time_s=time.time() - start,
+      protocol=common.snapshot_protocol(args, task, snapshots, baselines=args.baselines))
+  print(f"\nwrote {png}, {csv} and {manifest} in {time.time() - start:.0f} s")
   return rows
 

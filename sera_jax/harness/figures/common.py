@@ -577,14 +577,23 @@ def _version(distribution: str) -> str:
     return "0+unknown"
 
 
-def write_manifest(out: str, *, argv: Sequence[str], seeds: Sequence[int],
-                   tuning_seeds: Sequence[int], wall_time_s: float,
-                   protocol: Mapping[str, Any], name: str = "manifest.json") -> str:
-  """Writes `out`/`name`: how the figure beside it was made (the command, the package version
-  and git commit with a flag for uncommitted changes, the jax and flax versions, the device,
-  the seeds, the wall time and the figure's protocol facts). Returns its path."""
+MANIFEST_SUFFIX = ".manifest.json"
+
+
+def manifest_path(out: str, name: str):
+  """Where the figure `name` (its CSV's stem) keeps its manifest in `out`."""
+  return files.path(out) / f"{name}{MANIFEST_SUFFIX}"
+
+
+def write_manifest(out: str, name: str, *, figure: str, argv: Sequence[str],
+                   seeds: Sequence[int], tuning_seeds: Sequence[int], wall_time_s: float,
+                   protocol: Mapping[str, Any]) -> str:
+  """Writes `out`/`name`.manifest.json beside the figure's CSV: how it was made (the command
+  `sera-jax figure FIGURE ARGV`, the package version and git commit with a flag for
+  uncommitted changes, the jax and flax versions, the device, the reported and tuning seeds,
+  the wall time and the figure's protocol facts). Returns its path."""
   manifest = {
-      "command": "sera-jax figure " + " ".join(argv),
+      "command": " ".join(["sera-jax figure", figure, *argv]),
       "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
       "sera_jax_version": _version("sera_jax"),
       "git_commit": _git("rev-parse", "HEAD"),
@@ -598,6 +607,32 @@ def write_manifest(out: str, *, argv: Sequence[str], seeds: Sequence[int],
       "wall_time_s": round(wall_time_s, 1),
       "protocol": dict(protocol),
   }
-  path = files.path(out) / name
+  path = manifest_path(out, name)
   files.write_text(path, json.dumps(manifest, indent=2) + "\n")
   return os.fspath(path)
+
+
+def rate_choices(tuned: Mapping[Any, TunedRuns]) -> dict[str, dict]:
+  """The manifest's record of each choice of a learning rate: {key ("/"-joined when a
+  tuple): {"chosen": rate, "validation": {rate: mean validation score}}}."""
+  return {"/".join(map(str, key)) if isinstance(key, tuple) else str(key): {
+      "chosen": runs.rate,
+      "validation": {f"{rate:g}": float(score) for rate, score in sorted(runs.scores.items())}}
+      for key, runs in tuned.items()}
+
+
+def read_manifest(out: str, name: str) -> dict | None:
+  """The manifest of the figure `name` in `out`, None when it has none."""
+  path = manifest_path(out, name)
+  return json.loads(path.read_text()) if path.exists() else None
+
+
+def snapshot_protocol(args: argparse.Namespace, task: ClassificationTask,
+                      snapshots: Mapping[str, int], **facts) -> dict:
+  """The protocol facts of a figure evaluated at snapshots of one run (`prepare_run`'s), and
+  `facts`."""
+  config = task.config
+  return {"config": args.config, "dataset": config.dataset, "model": config.model,
+          "run_method": config.method, "run_steps": config.num_steps,
+          "batch_size": config.batch_size, "baseline_n": config.baseline_n,
+          "snapshots": dict(snapshots), **facts}

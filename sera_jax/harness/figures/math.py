@@ -33,6 +33,7 @@ settings reuses. Needs the [llm] extra (google-tunix).
 import functools
 import itertools
 import json
+import sys
 import textwrap
 import time
 
@@ -46,6 +47,7 @@ from sera_jax.harness import configs
 from sera_jax.harness.figures import common
 
 NAME, ALIGNMENT, TUNING = "math_passk", "math_alignment", "math_tuning"
+CPU_COST = "about 40 min"  # on a 2-core CPU (`sera-jax figure --list`)
 PASS_AT_K = tuple(2**i for i in range(9))  # 1, 2, 4, ..., 256
 WARM_START = "warm start"
 # name: (config.method, config.estimator, where a batch's log p comes from)
@@ -267,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--seeds", type=int, default=10)
   parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
   parser.add_argument("--workdir", default=None, help="default runs/math_passk[_tiny]")
+  argv = sys.argv[1:] if argv is None else argv
   args = parser.parse_args(argv)
   try:
     from sera_jax.settings.llm import arithmetic
@@ -322,5 +325,14 @@ def main(argv: list[str] | None = None) -> None:
   print(common.pass_at_k_tables(results, seeds, PASS_AT_K, exclude=(WARM_START,)))
   print("\n" + difference_table(results, seeds))
   print("\nmean over training:\n" + alignment_table(runs, seeds))
-  print(f"total {time.time() - start:.0f} s; wrote {png}, {csv}, {alignment_png} and "
-        f"{alignment_csv}")
+  protocol = {key: config[key] for key in (
+      "digits", "warm_start_problems", "train_problems", "validation_problems",
+      "held_out_problems", "eval_samples", "batch_size", "baseline_n", "n_min", "n_max",
+      "rl_steps")}
+  manifest = common.write_manifest(
+      args.out, NAME + stem, figure="math", argv=argv, seeds=seeds,
+      tuning_seeds=list(config.tuning_seeds), wall_time_s=time.time() - start,
+      protocol=protocol | {"learning_rates": {"grid": list(config.learning_rates),
+                                              "chosen": learning_rates}})
+  print(f"total {time.time() - start:.0f} s; wrote {png}, {csv}, {alignment_png}, "
+        f"{alignment_csv} and {manifest}")

@@ -24,7 +24,7 @@ Writes into --out (default docs/figures/maze): maze_passk.png and maze_passk.csv
 pass@k of every seed at the chosen rates, and the paired differences to uniform),
 maze_passk_unseen_path.csv (the same on the held-out mazes with unseen paths),
 maze_passk_rates.png and maze_passk_rates.csv (the whole grid's validation pass@k) and
-manifest.json (the command, commit, versions, wall time and the protocol's counts); one
+maze_passk.manifest.json (the command, commit, versions, wall time and the protocol's counts); one
 training workdir per run under --workdir and the warm start in its warm_start/ (a run, or
 the warm start, of the same config is resumed or read back; one of another config stops the
 figure). Each method's tuning grid trains as one program, its reported seeds as another
@@ -49,6 +49,7 @@ from sera_jax.settings.maze.sets import replay_pass_at_k
 from sera_jax.settings.maze.task import MazeTask
 
 NAME = "maze_passk"
+CPU_COST = "about 5 h"  # on a 2-core CPU (`sera-jax figure --list`)
 OUT_DIR = os.path.join(common.OUT_DIR, "maze")
 RATES_SUFFIX = "_rates"
 UNSEEN_SUFFIX = "_unseen_path"
@@ -240,12 +241,9 @@ def main(argv: list[str] | None = None) -> None:
   rates_png, rates_csv = common.output_paths(args.out, stem + RATES_SUFFIX)
   write_rates_csv(tuned, ks, rates_csv)
   plot_rates(tuned, rates_png, args.tuning_seeds)
-  facts["learning_rates"] = {method: {"chosen": runs.rate, "validation": {
-      f"{rate:g}": score for rate, score in sorted(runs.scores.items())}}
-      for method, runs in tuned.items()}
+  facts["learning_rates"] = common.rate_choices(tuned)
   manifest = common.write_manifest(
-      args.out, argv=["maze", *argv], seeds=seeds, tuning_seeds=tuning_seeds,
-      wall_time_s=time.time() - start, protocol=facts,
-      name="manifest.json" if not args.tiny else "manifest_tiny.json")
-  print(f"total {time.time() - start:.0f} s; wrote {png}, {csv}, {rates_png}, {rates_csv} "
-        f"and {manifest}")
+      args.out, stem, figure="maze", argv=argv, seeds=seeds, tuning_seeds=tuning_seeds,
+      wall_time_s=time.time() - start, protocol=facts)
+  print(f"total {time.time() - start:.0f} s; wrote {common.output_paths(args.out, stem)}, "
+        f"{rates_png}, {rates_csv} and {manifest}")

@@ -30,6 +30,7 @@ checkpoints in a batch-* directory beside the runs).
 """
 
 import os
+import sys
 import time
 from typing import NamedTuple
 
@@ -42,6 +43,7 @@ from sera_jax.harness.figures import common
 from sera_jax.settings.classification.task import PASS_AT_K
 
 NAME = "training_outcome"
+CPU_COST = "about 30 min"  # on a 2-core CPU (`sera-jax figure --list`)
 RATES_NAME = "training_outcome_rates"
 TUNING_SEEDS = common.tuning_seeds(1)  # choose the rates; never reported
 METHODS = ("ce", "sera", "uniform", "equalized", "knapsack", "gvm", "adaptive")
@@ -160,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
                                   DATASETS.items()) + ")")
   parser.add_argument("--workdir-root", default="runs/training_outcome")
   common.add_one_by_one(parser)
+  argv = sys.argv[1:] if argv is None else argv
   args = parser.parse_args(argv)
   steps = {name: DATASETS[name].num_steps for name in args.datasets}
   for spec in args.num_steps:
@@ -180,7 +183,12 @@ def main(argv: list[str] | None = None) -> None:
   write_csv(results, args.seeds, csv)
   write_rates_csv(results, rates_csv)
   plot(results, steps, args.seeds, png)
-  print(f"wrote {png}, {csv} and {rates_csv} in {time.perf_counter() - start:.0f} s")
+  manifest = common.write_manifest(
+      args.out, NAME, figure="outcome", argv=argv, seeds=args.seeds, tuning_seeds=TUNING_SEEDS,
+      wall_time_s=time.perf_counter() - start,
+      protocol={"num_steps": steps, "learning_rates": common.rate_choices(results)})
+  print(f"wrote {png}, {csv}, {rates_csv} and {manifest} in "
+        f"{time.perf_counter() - start:.0f} s")
   for (dataset, method), tuned in results.items():
     values = _pass_at_k(tuned, args.seeds)
     cells = [f"pass@{k} {values[:, PASS_AT_K.index(k)].mean():.4f} ± "

@@ -14,6 +14,7 @@ Writes OUT/scale_equalization.png and OUT/scale_equalization.csv (default
 OUT = docs/figures) and prints the table.
 """
 
+import sys
 import time
 
 import jax
@@ -27,6 +28,7 @@ from sera_jax.method import scaling, success
 from sera_jax.settings.classification import alignment
 
 NAME = "scale_equalization"
+CPU_COST = "about 10 s after budget"  # on a 2-core CPU (`sera-jax figure --list`)
 MODES = (("uniform", "tab:orange", "o"), ("sera", "tab:blue", "s"))
 
 
@@ -119,6 +121,7 @@ def table(rows, snapshots, waterlines) -> str:
 def main(argv=None):
   parser = common.figure_parser("scale", __doc__)
   common.add_run_arguments(parser, seeds=None)
+  argv = sys.argv[1:] if argv is None else argv
   args = parser.parse_args(argv)
   start = time.time()
   task, workdir, snapshots = common.prepare_run(args)
@@ -127,6 +130,9 @@ def main(argv=None):
   files.write_csv(csv, rows)
   plot(rows, snapshots, waterlines, task.config, png)
   print(table(rows, snapshots, waterlines))
-  print(f"\nwrote {png} and {csv} in {time.time() - start:.0f} s")
+  manifest = common.write_manifest(
+      args.out, NAME, figure="scale", argv=argv, seeds=[], tuning_seeds=[],
+      wall_time_s=time.time() - start, protocol=common.snapshot_protocol(args, task, snapshots))
+  print(f"\nwrote {png}, {csv} and {manifest} in {time.time() - start:.0f} s")
   return rows
 
