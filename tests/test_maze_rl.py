@@ -251,3 +251,36 @@ def test_the_maze_figure_of_run_rows(tmp_path):
   rows[-1] |= {f"pass@{k}": 0.1 * i for i, k in enumerate(maze_rl.pass_at_ks(256))}
   maze_plots.plot_runs([("sera", rows), ("uniform", rows[:5])], str(tmp_path / "maze.png"))
   assert (tmp_path / "maze.png").stat().st_size > 0
+
+
+# The authors' maze/maze_17.sh (and their warm start, ckpt-1500), key by key
+# (docs/training.md#maze17-against-the-authors-script).
+MAZE17_AUTHORS = dict(
+    maze_size=17, num_train_mazes=7424, batch_size=256, baseline_n=128, n_min=2, n_max=512,
+    threshold=0.05, normalize_by_rollout_count=True, normalize_by_rho=False, alpha0=0.5,
+    beta0=0.5, discount=0.75, learning_rate=1e-4, weight_decay=0.01, grad_clip_norm=1.0,
+    num_steps=3000, num_sft_mazes=48000, sft_batch_size=32, sft_learning_rate=5e-4,
+    num_eval_mazes=256, eval_samples=2048, eval_every=250, checkpoint_every=250, dim=256,
+    num_layers=4, num_heads=4, method="sera", optimizer="adam")
+
+
+def test_maze17_is_the_authors_script():
+  config = configs.load("maze17")
+  assert {key: config[key] for key in MAZE17_AUTHORS} == MAZE17_AUTHORS
+  assert maze_rl.step_limit(config) <= 180  # their max_response_length
+  maze_rl.validate_config(config)
+
+
+@pytest.mark.slow
+def test_maze17_trains_a_step_on_this_cpu(tmp_path):
+  """The shipped config with its data and budget shrunk (its mazes and its policy kept): one
+  SERA step and an evaluation through the training entry."""
+  config = configs.load("maze17")
+  config.update(dict(num_train_mazes=8, batch_size=4, baseline_n=2, n_max=8,
+                     num_sft_mazes=32, num_eval_mazes=4, num_validation_mazes=4,
+                     eval_batch_size=4, eval_samples=8, microbatches=1, num_steps=1,
+                     eval_every=1, checkpoint_every=1))
+  rows = train.run(config, str(tmp_path))
+  assert [row["step"] for row in rows] == [0]
+  assert np.isfinite(rows[-1]["loss"]) and 0 <= rows[-1]["pass@8"] <= 1
+  assert "validation/pass@8" in rows[-1]
