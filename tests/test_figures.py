@@ -298,8 +298,8 @@ def test_figure_list_names_each_figure_its_cost_and_its_manifests_date(tmp_path,
                                                                       capsys):
   from sera_jax.harness import cli
   monkeypatch.chdir(tmp_path)
-  common.write_manifest(common.OUT_DIR, scale.NAME, figure="scale", argv=[], seeds=[],
-                        tuning_seeds=[], wall_time_s=1.0, protocol={"snapshots": {}})
+  common.write_manifest(common.OUT_DIR, scale.NAME, common.start_figure(), figure="scale",
+                        argv=[], seeds=[], tuning_seeds=[], protocol={"snapshots": {}})
   cli.main(["figure", "--list"])
   lines = capsys.readouterr().out.splitlines()
   assert [line.split()[0] for line in lines] == list(cli.FIGURES)

@@ -23,7 +23,6 @@ prints the table.
 """
 
 import sys
-import time
 
 import jax
 import numpy as np
@@ -145,7 +144,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   if args.seeds < 2:
     parser.error("--seeds must be >= 2 for an interval")
-  start = time.time()
+  figure_run = common.start_figure()
   task, workdir, snapshots = common.prepare_run(args)
   table, results = measure(task, workdir, snapshots, args.batches, args.seeds)
   rows = summarize(table, results, snapshots)
@@ -164,9 +163,9 @@ def main(argv=None):
        r["delta_realized"], r["delta_realized_ci95"], r["expected_norm_ratio"],
        r["active_fraction"]] for r in rows if r["scope"] == "all"]))
   manifest = common.write_manifest(
-      args.out, NAME, figure="ablations", argv=argv, seeds=list(range(args.seeds)),
-      tuning_seeds=[], wall_time_s=time.time() - start,
+      args.out, NAME, figure_run, figure="ablations", argv=argv, seeds=list(range(args.seeds)),
+      tuning_seeds=[],
       protocol=common.snapshot_protocol(args, task, snapshots, batches=args.batches))
-  print(f"\nwrote {png}, {csv} and {manifest} in {time.time() - start:.0f} s")
+  print(f"\nwrote {png}, {csv} and {manifest} in {figure_run.elapsed():.0f} s")
   return rows
 

@@ -21,7 +21,6 @@ Writes alignment_vs_budget.png and alignment_vs_budget.csv into --out
 """
 
 import sys
-import time
 
 import jax
 import numpy as np
@@ -126,7 +125,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   if args.seeds < 2:
     parser.error("--seeds must be >= 2 for an interval")
-  start = time.time()
+  figure_run = common.start_figure()
   task, workdir, snapshots = common.prepare_run(args)
   rows = sweep(task, workdir, snapshots, args.baselines, args.seeds)
   png, csv = common.output_paths(args.out, NAME)
@@ -134,9 +133,9 @@ def main(argv=None):
   plot(rows, snapshots, png)
   print(tables(rows, snapshots))
   manifest = common.write_manifest(
-      args.out, NAME, figure="budget", argv=argv, seeds=list(range(args.seeds)),
-      tuning_seeds=[], wall_time_s=time.time() - start,
+      args.out, NAME, figure_run, figure="budget", argv=argv, seeds=list(range(args.seeds)),
+      tuning_seeds=[],
       protocol=common.snapshot_protocol(args, task, snapshots, baselines=args.baselines))
-  print(f"\nwrote {png}, {csv} and {manifest} in {time.time() - start:.0f} s")
+  print(f"\nwrote {png}, {csv} and {manifest} in {figure_run.elapsed():.0f} s")
   return rows
 

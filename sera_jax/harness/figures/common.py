@@ -585,26 +585,44 @@ def manifest_path(out: str, name: str):
   return files.path(out) / f"{name}{MANIFEST_SUFFIX}"
 
 
-def write_manifest(out: str, name: str, *, figure: str, argv: Sequence[str],
-                   seeds: Sequence[int], tuning_seeds: Sequence[int], wall_time_s: float,
+class FigureRun(NamedTuple):
+  """When a figure command started and the code it started from: its manifest records the
+  commit the figure was made at, not the one checked out when it is written hours later."""
+  started: float  # time.time()
+  git_commit: str
+  uncommitted_changes: bool
+
+  def elapsed(self) -> float:
+    return time.time() - self.started
+
+
+def start_figure() -> FigureRun:
+  """Called first by a figure command: the clock and the code state for its manifest."""
+  return FigureRun(time.time(), _git("rev-parse", "HEAD"),
+                   bool(_git("status", "--porcelain", "--untracked-files=no")))
+
+
+def write_manifest(out: str, name: str, run: FigureRun, *, figure: str, argv: Sequence[str],
+                   seeds: Sequence[int], tuning_seeds: Sequence[int],
                    protocol: Mapping[str, Any]) -> str:
   """Writes `out`/`name`.manifest.json beside the figure's CSV: how it was made (the command
-  `sera-jax figure FIGURE ARGV`, the package version and git commit with a flag for
-  uncommitted changes, the jax and flax versions, the device, the reported and tuning seeds,
-  the wall time and the figure's protocol facts). Returns its path."""
+  `sera-jax figure FIGURE ARGV`, the package version and the git commit `run` started from
+  with a flag for uncommitted changes, the jax and flax versions, the device, the reported
+  and tuning seeds, the wall time since `run` started and the figure's protocol facts).
+  Returns its path."""
   manifest = {
       "command": " ".join(["sera-jax figure", figure, *argv]),
       "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
       "sera_jax_version": _version("sera_jax"),
-      "git_commit": _git("rev-parse", "HEAD"),
-      "uncommitted_changes": bool(_git("status", "--porcelain", "--untracked-files=no")),
+      "git_commit": run.git_commit,
+      "uncommitted_changes": run.uncommitted_changes,
       "jax_version": jax.__version__,
       "flax_version": _version("flax"),
       "device": f"{jax.devices()[0].platform}: {jax.devices()[0].device_kind} x "
                 f"{jax.device_count()}",
       "seeds": list(seeds),
       "tuning_seeds": list(tuning_seeds),
-      "wall_time_s": round(wall_time_s, 1),
+      "wall_time_s": round(run.elapsed(), 1),
       "protocol": dict(protocol),
   }
   path = manifest_path(out, name)

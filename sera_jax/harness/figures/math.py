@@ -35,7 +35,6 @@ import itertools
 import json
 import sys
 import textwrap
-import time
 
 import jax
 import numpy as np
@@ -283,14 +282,14 @@ def main(argv: list[str] | None = None) -> None:
                                "train": config.train_problems,
                                "validation": config.validation_problems,
                                "held_out": config.held_out_problems}, digits=config.digits)
-  start = time.time()
+  figure_run = common.start_figure()
   # A seed's warm start, built once and only when a run of that seed is not cached.
   warm_started = functools.lru_cache(maxsize=None)(
       lambda seed: warm_start(config, problems, seed))
   png, csv = common.output_paths(args.out, NAME + stem)
   learning_rates = choose_learning_rates(config, problems, args.methods, workdir, warm_started,
                                          common.output_paths(args.out, TUNING + stem)[1])
-  print(f"learning rates chosen on validation problems ({time.time() - start:.0f} s)")
+  print(f"learning rates chosen on validation problems ({figure_run.elapsed():.0f} s)")
   seeds = list(range(args.seeds))
   results = {WARM_START: {}} | {method: {} for method in args.methods}
   runs = {method: {} for method in args.methods}
@@ -305,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
                         config, problems, warm_started(seed)[0], method, seed, rate))
       runs[method][seed], results[method][seed] = run, run["pass_at_k"]
       print(f"seed {seed} {method}: pass@1 {run['pass_at_k'][0]:.3f}  "
-            f"pass@256 {run['pass_at_k'][-1]:.3f}  ({time.time() - start:.0f} s)", flush=True)
+            f"pass@256 {run['pass_at_k'][-1]:.3f}  ({figure_run.elapsed():.0f} s)", flush=True)
   rates = ", ".join(f"{m} {r:g}" for m, r in learning_rates.items())
   setting = (f"{config.digits}-digit addition, 2-layer Qwen2 in Tunix; B = {config.batch_size} x "
              f"{config.baseline_n} rollouts/step (SERA n in [{config.n_min}, {config.n_max}]), "
@@ -330,9 +329,9 @@ def main(argv: list[str] | None = None) -> None:
       "held_out_problems", "eval_samples", "batch_size", "baseline_n", "n_min", "n_max",
       "rl_steps")}
   manifest = common.write_manifest(
-      args.out, NAME + stem, figure="math", argv=argv, seeds=seeds,
-      tuning_seeds=list(config.tuning_seeds), wall_time_s=time.time() - start,
+      args.out, NAME + stem, figure_run, figure="math", argv=argv, seeds=seeds,
+      tuning_seeds=list(config.tuning_seeds),
       protocol=protocol | {"learning_rates": {"grid": list(config.learning_rates),
                                               "chosen": learning_rates}})
-  print(f"total {time.time() - start:.0f} s; wrote {png}, {csv}, {alignment_png}, "
+  print(f"total {figure_run.elapsed():.0f} s; wrote {png}, {csv}, {alignment_png}, "
         f"{alignment_csv} and {manifest}")

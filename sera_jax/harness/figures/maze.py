@@ -34,7 +34,6 @@ figure). Each method's tuning grid trains as one program, its reported seeds as 
 
 import os
 import sys
-import time
 
 import jax
 import numpy as np
@@ -96,7 +95,7 @@ def pre_rl_checks(task: MazeTask) -> dict:
                        "fraction_1": round(float(np.mean(p == 1)), 4)}}
 
 
-def tune_and_train(config, methods, seeds, learning_rates, tuning_seeds, workdir, start,
+def tune_and_train(config, methods, seeds, learning_rates, tuning_seeds, workdir, figure_run,
                    one_by_one=False) -> dict[str, common.TunedRuns]:
   """{method: its runs (the last metric row of each) at the rate chosen on validation}; each
   method's tuning grid trains as one batch (scored on the validation mazes), then its
@@ -121,7 +120,7 @@ def tune_and_train(config, methods, seeds, learning_rates, tuning_seeds, workdir
           lasts.append({})
           continue
         lasts.append([row for row in run.rows if metric in row][-1])
-        print(f"{label}: {metric} {lasts[-1][metric]:.3f} ({time.time() - start:.0f} s)",
+        print(f"{label}: {metric} {lasts[-1][metric]:.3f} ({figure_run.elapsed():.0f} s)",
               flush=True)
       return lasts
 
@@ -200,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
   workdir = files.path(args.workdir or "runs/" + NAME + "_tiny" * args.tiny)
   config = load_config(args.tiny, args.maze_size)
   config.warm_start_dir = os.fspath(workdir / "warm_start")
-  start = time.time()
+  figure_run = common.start_figure()
   task = MazeTask(config)
   ks = task.ks
   checks = pre_rl_checks(task)
@@ -213,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
            UNSEEN_SUFFIX: replay_pass_at_k(task.train_paths,
                                            task.eval_mazes[task.sets.unseen_path], ks)}
   tuned = tune_and_train(config, args.methods, seeds, sorted(set(args.learning_rates)),
-                         tuning_seeds, workdir, start, args.one_by_one)
+                         tuning_seeds, workdir, figure_run, args.one_by_one)
   stem = NAME + "_tiny" * args.tiny
   rates = ", ".join(f"{method} {runs.rate:g}" for method, runs in tuned.items())
   for suffix, prefix in (("", ""), (UNSEEN_SUFFIX, "unseen_path/")):
@@ -243,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
   plot_rates(tuned, rates_png, args.tuning_seeds)
   facts["learning_rates"] = common.rate_choices(tuned)
   manifest = common.write_manifest(
-      args.out, stem, figure="maze", argv=argv, seeds=seeds, tuning_seeds=tuning_seeds,
-      wall_time_s=time.time() - start, protocol=facts)
-  print(f"total {time.time() - start:.0f} s; wrote {common.output_paths(args.out, stem)}, "
+      args.out, stem, figure_run, figure="maze", argv=argv, seeds=seeds,
+      tuning_seeds=tuning_seeds, protocol=facts)
+  print(f"total {figure_run.elapsed():.0f} s; wrote {common.output_paths(args.out, stem)}, "
         f"{rates_png}, {rates_csv} and {manifest}")

@@ -31,7 +31,6 @@ checkpoints in a batch-* directory beside the runs).
 
 import os
 import sys
-import time
 from typing import NamedTuple
 
 import numpy as np
@@ -176,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
   rates = {name: tuple(sorted(set(args.learning_rates or DATASETS[name].learning_rates)))
            for name in steps}
 
-  start = time.perf_counter()
+  figure_run = common.start_figure()
   results = train_all(steps, args.methods, args.seeds, args.workdir_root, rates, args.one_by_one)
   png, csv = common.output_paths(args.out, NAME)
   _, rates_csv = common.output_paths(args.out, RATES_NAME)
@@ -184,11 +183,11 @@ def main(argv: list[str] | None = None) -> None:
   write_rates_csv(results, rates_csv)
   plot(results, steps, args.seeds, png)
   manifest = common.write_manifest(
-      args.out, NAME, figure="outcome", argv=argv, seeds=args.seeds, tuning_seeds=TUNING_SEEDS,
-      wall_time_s=time.perf_counter() - start,
+      args.out, NAME, figure_run, figure="outcome", argv=argv, seeds=args.seeds,
+      tuning_seeds=TUNING_SEEDS,
       protocol={"num_steps": steps, "learning_rates": common.rate_choices(results)})
   print(f"wrote {png}, {csv}, {rates_csv} and {manifest} in "
-        f"{time.perf_counter() - start:.0f} s")
+        f"{figure_run.elapsed():.0f} s")
   for (dataset, method), tuned in results.items():
     values = _pass_at_k(tuned, args.seeds)
     cells = [f"pass@{k} {values[:, PASS_AT_K.index(k)].mean():.4f} ± "

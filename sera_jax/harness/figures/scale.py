@@ -15,7 +15,6 @@ OUT = docs/figures) and prints the table.
 """
 
 import sys
-import time
 
 import jax
 import numpy as np
@@ -123,7 +122,7 @@ def main(argv=None):
   common.add_run_arguments(parser, seeds=None)
   argv = sys.argv[1:] if argv is None else argv
   args = parser.parse_args(argv)
-  start = time.time()
+  figure_run = common.start_figure()
   task, workdir, snapshots = common.prepare_run(args)
   rows, waterlines = allocations(task, workdir, snapshots)
   png, csv = common.output_paths(args.out, NAME)
@@ -131,8 +130,8 @@ def main(argv=None):
   plot(rows, snapshots, waterlines, task.config, png)
   print(table(rows, snapshots, waterlines))
   manifest = common.write_manifest(
-      args.out, NAME, figure="scale", argv=argv, seeds=[], tuning_seeds=[],
-      wall_time_s=time.time() - start, protocol=common.snapshot_protocol(args, task, snapshots))
-  print(f"\nwrote {png}, {csv} and {manifest} in {time.time() - start:.0f} s")
+      args.out, NAME, figure_run, figure="scale", argv=argv, seeds=[], tuning_seeds=[],
+      protocol=common.snapshot_protocol(args, task, snapshots))
+  print(f"\nwrote {png}, {csv} and {manifest} in {figure_run.elapsed():.0f} s")
   return rows
 

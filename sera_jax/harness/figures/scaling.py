@@ -35,7 +35,6 @@ run that diverges stops there while the others go on.
 
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -304,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
   if not all(rate > 0 for rate in args.learning_rates):
     parser.error("every learning rate must be > 0")
   common.check_reported_seeds(parser, args.seeds, TUNING_SEEDS)
-  start = time.perf_counter()
+  figure_run = common.start_figure()
   results = train_all(args.methods, args.baselines, args.seeds, sorted(set(args.learning_rates)),
                       args.num_steps, args.eval_every, args.workdir_root, args.one_by_one)
   png, csv = common.output_paths(args.out, NAME)
@@ -315,9 +314,9 @@ def main(argv: list[str] | None = None) -> None:
   plot_rates(results, args.methods, args.baselines, rates_png)
   print(table(results, args.methods, args.baselines, args.seeds))
   manifest = common.write_manifest(
-      args.out, NAME, figure="scaling", argv=argv, seeds=args.seeds, tuning_seeds=TUNING_SEEDS,
-      wall_time_s=time.perf_counter() - start,
+      args.out, NAME, figure_run, figure="scaling", argv=argv, seeds=args.seeds,
+      tuning_seeds=TUNING_SEEDS,
       protocol={"num_steps": args.num_steps, "eval_every": args.eval_every,
                 "baselines": args.baselines, "learning_rates": common.rate_choices(results)})
-  print(f"total {time.perf_counter() - start:.0f} s; wrote {png}, {csv}, {rates_png}, "
+  print(f"total {figure_run.elapsed():.0f} s; wrote {png}, {csv}, {rates_png}, "
         f"{rates_csv} and {manifest}")
