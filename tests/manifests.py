@@ -7,12 +7,12 @@ import subprocess
 import jax
 
 
-def assert_manifest(out: pathlib.Path, name: str, figure: str, argv: list[str],
+def assert_manifest(out: pathlib.Path, name: str, command: str, argv: list[str],
                     seeds: list[int], tuning_seeds: list[int]) -> dict:
-  """`out`/`name`.manifest.json records this command, the commit checked out, this process's
-  versions and device, these seeds and a wall time; returns it."""
+  """`out`/`name`.manifest.json records this command (`sera-jax COMMAND ARGV`), the commit
+  checked out, this process's versions and device, these seeds and a wall time; returns it."""
   manifest = json.loads((out / f"{name}.manifest.json").read_text())
-  assert manifest["command"] == " ".join(["sera-jax figure", figure, *argv])
+  assert manifest["command"] == " ".join(["sera-jax", command, *argv])
   assert (manifest["seeds"], manifest["tuning_seeds"]) == (seeds, tuning_seeds)
   assert manifest["jax_version"] == jax.__version__ and manifest["device"].startswith("cpu")
   assert manifest["wall_time_s"] > 0 and manifest["made_at"].endswith("Z")

@@ -15,7 +15,7 @@ def test_math_figure_smoke_reuses_finished_runs_and_refuses_other_settings(tmp_p
           str(tmp_path / "runs"), "--out", str(tmp_path)]
   math_figure.main(args)
   rows = files.read_csv(tmp_path / "math_passk_tiny.csv")
-  protocol = assert_manifest(tmp_path, "math_passk_tiny", "math", args, [0, 1], [100])[
+  protocol = assert_manifest(tmp_path, "math_passk_tiny", "figure math", args, [0, 1], [100])[
       "protocol"]
   assert protocol["learning_rates"]["chosen"] == {"sera": 1e-3, "uniform": 1e-3}
   assert {r["method"] for r in rows} == {"warm start", "sera", "uniform", "sera - uniform"}

@@ -44,7 +44,7 @@ def test_maze_figure_smoke_and_its_cache_refuses_a_run_of_another_config(tmp_pat
       uniform = next(x for x in rows if x["method"] == "uniform" and x["k"] == r["k"])
       assert float(r["seed1"]) == pytest.approx(
           float(sera["seed1"]) - float(uniform["seed1"]), abs=2e-4)
-  manifest = assert_manifest(tmp_path, "maze_passk_tiny", "maze", args, [0, 1], [100])
+  manifest = assert_manifest(tmp_path, "maze_passk_tiny", "figure maze", args, [0, 1], [100])
   assert manifest["protocol"]["shared_warm_start"] and manifest["seeds"] == [0, 1]
   assert manifest["protocol"]["overlaps"] == dict.fromkeys(
       ("sft_rl", "sft_eval", "rl_eval", "held_out_validation"), 0)

@@ -19,8 +19,8 @@ def test_budget_scaling_smoke_and_its_cache_refuses_a_run_of_another_config(tmp_
           "--workdir-root", str(tmp_path / "runs"), "--out", str(tmp_path)]
   scaling.main([*args, "--eval-every", "2"])
   rows = files.read_csv(tmp_path / "budget_scaling.csv")
-  protocol = assert_manifest(tmp_path, "budget_scaling", "scaling", [*args, "--eval-every", "2"],
-                             [1, 2], [100])["protocol"]
+  protocol = assert_manifest(tmp_path, "budget_scaling", "figure scaling",
+                             [*args, "--eval-every", "2"], [1, 2], [100])["protocol"]
   assert (protocol["baselines"], protocol["num_steps"], protocol["eval_every"]) == ([2, 4], 4, 2)
   assert {"ce/2", "uniform/4", "sera/2"} <= protocol["learning_rates"].keys()
   assert {(r["N0"], r["method"]) for r in rows} == {

@@ -54,7 +54,7 @@ def test_alignment_vs_budget_smoke(run_dir, tmp_path):
           "--seeds", "3"]
   rows = budget.main(argv)
   assert (tmp_path / "alignment_vs_budget.png").stat().st_size > 0
-  manifest = assert_manifest(tmp_path, "alignment_vs_budget", "budget", argv, [0, 1, 2], [])
+  manifest = assert_manifest(tmp_path, "alignment_vs_budget", "figure budget", argv, [0, 1, 2], [])
   assert manifest["protocol"]["baselines"] == [2] and manifest["protocol"]["run_method"] == "ce"
   written = files.read_csv(tmp_path / "alignment_vs_budget.csv")
   assert len(written) == len(rows) == 3 * len(budget.METHODS)  # snapshots x methods
@@ -75,7 +75,7 @@ def test_scale_equalization_smoke(run_dir, tmp_path):
   argv = [*TINY, "--workdir", run_dir, "--out", str(tmp_path)]
   rows = scale.main(argv)
   assert (tmp_path / "scale_equalization.png").stat().st_size > 0
-  assert assert_manifest(tmp_path, "scale_equalization", "scale", argv, [], [])["protocol"][
+  assert assert_manifest(tmp_path, "scale_equalization", "figure scale", argv, [], [])["protocol"][
       "snapshots"].keys() == {"early", "mid", "late"}
   assert len(files.read_csv(tmp_path / "scale_equalization.csv")) == len(rows) == 3 * 256
   for snapshot in ("early", "late"):
@@ -93,8 +93,8 @@ def test_ablations_smoke(run_dir, tmp_path):
   argv = [*TINY, "--workdir", run_dir, "--out", str(tmp_path), "--batches", "1", "--seeds", "3"]
   rows = ablations.main(argv)
   assert (tmp_path / "ablations.png").stat().st_size > 0
-  assert assert_manifest(tmp_path, "ablations", "ablations", argv, [0, 1, 2], [])["protocol"][
-      "batches"] == 1
+  manifest = assert_manifest(tmp_path, "ablations", "figure ablations", argv, [0, 1, 2], [])
+  assert manifest["protocol"]["batches"] == 1
   assert len(files.read_csv(tmp_path / "ablations.csv")) == len(rows)
   overall = {r["variant"]: r for r in rows if r["scope"] == "all"}
   assert overall["SERA (reference)"]["delta_realized"] == 0
@@ -226,7 +226,7 @@ def test_training_outcome_smoke_and_its_cache_refuses_a_run_of_another_config(tm
           "--workdir-root", str(tmp_path / "runs"), "--out", str(tmp_path)]
   outcome.main(args)
   rows = files.read_csv(tmp_path / "training_outcome.csv")
-  protocol = assert_manifest(tmp_path, "training_outcome", "outcome", args, [0, 1], [100])[
+  protocol = assert_manifest(tmp_path, "training_outcome", "figure outcome", args, [0, 1], [100])[
       "protocol"]
   assert protocol["num_steps"] == {"digits": 4}
   assert protocol["learning_rates"]["digits/sera"]["validation"].keys() == {"0.01", "0.1"}
@@ -298,7 +298,7 @@ def test_figure_list_names_each_figure_its_cost_and_its_manifests_date(tmp_path,
                                                                       capsys):
   from sera_jax.harness import cli
   monkeypatch.chdir(tmp_path)
-  common.write_manifest(common.OUT_DIR, scale.NAME, common.start_figure(), figure="scale",
+  common.write_manifest(common.OUT_DIR, scale.NAME, common.start_figure(), command="figure scale",
                         argv=[], seeds=[], tuning_seeds=[], protocol={"snapshots": {}})
   cli.main(["figure", "--list"])
   lines = capsys.readouterr().out.splitlines()

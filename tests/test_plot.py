@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+from manifests import assert_manifest
 
 from sera_jax.common.plots import smooth
 from sera_jax.harness import cli, plotting
@@ -34,6 +35,11 @@ def test_plot_two_runs_writes_png_and_csv(tmp_path, capsys):
   os.makedirs(out.parent)
   cli.main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), f"--out={out}", "--window=5"])
   assert "sera, uniform" in capsys.readouterr().out
+  manifest = assert_manifest(out.parent, "runs", "plot", [
+      str(tmp_path / "a"), str(tmp_path / "b"), f"--out={out}", "--window=5"],
+      seeds=[0], tuning_seeds=[])
+  assert manifest["protocol"]["runs"] == {"sera": {"method": "sera", "seed": 0},
+                                          "uniform": {"method": "uniform", "seed": 0}}
   assert os.path.getsize(out) > 10_000
   with open(tmp_path / "fig" / "runs.csv") as f:
     points = list(csv.DictReader(f))

@@ -135,10 +135,13 @@ def train_llm(values: flags.FlagValues) -> None:
 
 
 def plot(argv: list[str]) -> None:
-  """Overlays the alignment curves of run directories (sera_jax.harness.plotting)."""
+  """Overlays the alignment curves of run directories (sera_jax.harness.plotting); writes the
+  picture, its CSV and its manifest (this command and each run's config)."""
   import argparse
 
   from sera_jax.harness import plotting
+  from sera_jax.harness.figures import common
+  figure_run = common.start_figure()
   parser = argparse.ArgumentParser(prog="sera-jax plot", description=plot.__doc__)
   parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
   parser.add_argument("--out", default="alignment_runs.png", help="PNG path (or another format "
@@ -152,10 +155,15 @@ def plot(argv: list[str]) -> None:
     parser.error(f"--out needs a file suffix that names the format (.png, .pdf, .svg); got "
                  f"{args.out!r}.")
   try:
-    labels = plotting.plot_runs(args.run_dirs, args.out, window=args.window)
+    runs = plotting.plot_runs(args.run_dirs, args.out, window=args.window)
   except (FileNotFoundError, ValueError) as error:  # ValueError: a format matplotlib lacks
     raise SystemExit(f"error: {error}") from None
-  print(f"wrote {args.out} and its .csv ({', '.join(labels)})")
+  out = files.path(args.out)
+  manifest = common.write_manifest(
+      os.fspath(out.parent), out.stem, figure_run, command="plot", argv=argv,
+      seeds=sorted({config["seed"] for config in runs.values() if "seed" in config}),
+      tuning_seeds=[], protocol={"runs": runs, "window": args.window})
+  print(f"wrote {args.out}, its .csv and {manifest} ({', '.join(runs)})")
 
 
 def sweep(argv: list[str]) -> None:

@@ -29,13 +29,13 @@ def run_labels(configs: list[dict], names: list[str]) -> list[str]:
   return labels
 
 
-def plot_runs(run_dirs: list[str], path: str, *, window: int = 20) -> list[str]:
+def plot_runs(run_dirs: list[str], path: str, *, window: int = 20) -> dict[str, dict]:
   """`plot_alignment` of run directories into `path` and `path` with suffix .csv.
 
   Run directories and outputs may be local paths or URLs (gs://...).
 
   Returns:
-    The run labels (see `run_labels`).
+    {run label (see `run_labels`): the run's config.json (empty when it has none)}.
   """
   configs, runs = [], []
   for run_dir in run_dirs:
@@ -49,4 +49,4 @@ def plot_runs(run_dirs: list[str], path: str, *, window: int = 20) -> list[str]:
   labels = run_labels(configs, names)
   plot_alignment(list(zip(labels, runs, strict=True)), path, window=window,
                  csv_path=os.fspath(files.path(path).with_suffix(".csv")))
-  return labels
+  return dict(zip(labels, configs, strict=True))

@@ -163,8 +163,8 @@ def main(argv=None):
        r["delta_realized"], r["delta_realized_ci95"], r["expected_norm_ratio"],
        r["active_fraction"]] for r in rows if r["scope"] == "all"]))
   manifest = common.write_manifest(
-      args.out, NAME, figure_run, figure="ablations", argv=argv, seeds=list(range(args.seeds)),
-      tuning_seeds=[],
+      args.out, NAME, figure_run, command="figure ablations", argv=argv,
+      seeds=list(range(args.seeds)), tuning_seeds=[],
       protocol=common.snapshot_protocol(args, task, snapshots, batches=args.batches))
   print(f"\nwrote {png}, {csv} and {manifest} in {figure_run.elapsed():.0f} s")
   return rows

@@ -133,7 +133,7 @@ def main(argv=None):
   plot(rows, snapshots, png)
   print(tables(rows, snapshots))
   manifest = common.write_manifest(
-      args.out, NAME, figure_run, figure="budget", argv=argv, seeds=list(range(args.seeds)),
+      args.out, NAME, figure_run, command="figure budget", argv=argv, seeds=list(range(args.seeds)),
       tuning_seeds=[],
       protocol=common.snapshot_protocol(args, task, snapshots, baselines=args.baselines))
   print(f"\nwrote {png}, {csv} and {manifest} in {figure_run.elapsed():.0f} s")

@@ -602,16 +602,17 @@ def start_figure() -> FigureRun:
                    bool(_git("status", "--porcelain", "--untracked-files=no")))
 
 
-def write_manifest(out: str, name: str, run: FigureRun, *, figure: str, argv: Sequence[str],
+def write_manifest(out: str, name: str, run: FigureRun, *, command: str, argv: Sequence[str],
                    seeds: Sequence[int], tuning_seeds: Sequence[int],
                    protocol: Mapping[str, Any]) -> str:
   """Writes `out`/`name`.manifest.json beside the figure's CSV: how it was made (the command
-  `sera-jax figure FIGURE ARGV`, the package version and the git commit `run` started from
-  with a flag for uncommitted changes, the jax and flax versions, the device, the reported
-  and tuning seeds, the wall time since `run` started and the figure's protocol facts).
+  `sera-jax COMMAND ARGV`, COMMAND e.g. "figure outcome"; the package version and the git
+  commit `run` started from with a flag for uncommitted changes; the jax and flax versions,
+  the device, the reported and tuning seeds, the wall time since `run` started and the
+  figure's protocol facts).
   Returns its path."""
   manifest = {
-      "command": " ".join(["sera-jax figure", figure, *argv]),
+      "command": " ".join(["sera-jax", command, *argv]),
       "made_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
       "sera_jax_version": _version("sera_jax"),
       "git_commit": run.git_commit,

@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> None:
       "held_out_problems", "eval_samples", "batch_size", "baseline_n", "n_min", "n_max",
       "rl_steps")}
   manifest = common.write_manifest(
-      args.out, NAME + stem, figure_run, figure="math", argv=argv, seeds=seeds,
+      args.out, NAME + stem, figure_run, command="figure math", argv=argv, seeds=seeds,
       tuning_seeds=list(config.tuning_seeds),
       protocol=protocol | {"learning_rates": {"grid": list(config.learning_rates),
                                               "chosen": learning_rates}})

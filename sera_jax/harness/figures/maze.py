@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
   parser.add_argument("--methods", nargs="+", default=["sera", "uniform", "grpo"])
   parser.add_argument("--maze-size", type=int, default=None,
                       help="odd side of the mazes (default the config's, 13); replay of the RL "
-                      "set's solutions earns less on larger mazes (see docs/figures.md)")
+                      "set's solutions earns less on larger mazes (the figure's maze-blind row)")
   parser.add_argument("--workdir", default=None, help="default runs/maze_passk[_tiny]")
   common.add_one_by_one(parser)
   args = parser.parse_args(argv)
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
   plot_rates(tuned, rates_png, args.tuning_seeds)
   facts["learning_rates"] = common.rate_choices(tuned)
   manifest = common.write_manifest(
-      args.out, stem, figure_run, figure="maze", argv=argv, seeds=seeds,
+      args.out, stem, figure_run, command="figure maze", argv=argv, seeds=seeds,
       tuning_seeds=tuning_seeds, protocol=facts)
   print(f"total {figure_run.elapsed():.0f} s; wrote {common.output_paths(args.out, stem)}, "
         f"{rates_png}, {rates_csv} and {manifest}")

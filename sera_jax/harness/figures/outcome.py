@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
   write_rates_csv(results, rates_csv)
   plot(results, steps, args.seeds, png)
   manifest = common.write_manifest(
-      args.out, NAME, figure_run, figure="outcome", argv=argv, seeds=args.seeds,
+      args.out, NAME, figure_run, command="figure outcome", argv=argv, seeds=args.seeds,
       tuning_seeds=TUNING_SEEDS,
       protocol={"num_steps": steps, "learning_rates": common.rate_choices(results)})
   print(f"wrote {png}, {csv}, {rates_csv} and {manifest} in "

@@ -130,7 +130,7 @@ def main(argv=None):
   plot(rows, snapshots, waterlines, task.config, png)
   print(table(rows, snapshots, waterlines))
   manifest = common.write_manifest(
-      args.out, NAME, figure_run, figure="scale", argv=argv, seeds=[], tuning_seeds=[],
+      args.out, NAME, figure_run, command="figure scale", argv=argv, seeds=[], tuning_seeds=[],
       protocol=common.snapshot_protocol(args, task, snapshots))
   print(f"\nwrote {png}, {csv} and {manifest} in {figure_run.elapsed():.0f} s")
   return rows

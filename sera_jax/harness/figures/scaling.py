@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
   plot_rates(results, args.methods, args.baselines, rates_png)
   print(table(results, args.methods, args.baselines, args.seeds))
   manifest = common.write_manifest(
-      args.out, NAME, figure_run, figure="scaling", argv=argv, seeds=args.seeds,
+      args.out, NAME, figure_run, command="figure scaling", argv=argv, seeds=args.seeds,
       tuning_seeds=TUNING_SEEDS,
       protocol={"num_steps": args.num_steps, "eval_every": args.eval_every,
                 "baselines": args.baselines, "learning_rates": common.rate_choices(results)})

@@ -3,7 +3,7 @@
 A table in a page follows a marker line `<!-- table: NAME -->`, NAME one of `TABLES`.
 `render(NAME, figures)` makes it from the CSVs in the directory `figures` (docs/figures),
 recomputing every mean, std, paired difference and 95% Student-t interval from the per-seed
-values, never copying a CSV's own summary columns; `pages_tables` reads the marked tables of
+values, never copying a CSV's own summary columns; `page_tables` reads the marked tables of
 a page back. `tests/test_docs_numbers.py` fails while a page's marked table is not what its
 CSVs give, and on a table of docs/figures.md with no marker. After a figure is made again:
 
@@ -236,14 +236,15 @@ def results(figures) -> str:
              for r in _rows(figures, "training_outcome.csv")}
   finals = _Finals(figures)
   budget = _rows(figures, "alignment_vs_budget.csv")
-  realized = {method: np.mean([float(r["realized_cos_mean"]) for r in budget
-                               if int(r["N0"]) == 8 and r["method"] == method])
-              for method in ("sera", "uniform")}
+  at_8 = [r for r in budget if int(r["N0"]) == 8]
+  realized = {method: np.mean([float(r["realized_cos_mean"]) for r in at_8
+                               if r["method"] == method]) for method in ("sera", "uniform")}
+  snapshots, seeds = len({r["snapshot"] for r in at_8}), at_8[0]["num_seeds"]
   page = "docs/figures.md"
   rows = [
       ["at a fixed budget SERA's gradient is closer to the exact one",
        f"realized cosine at N0 = 8: SERA {realized['sera']:.3f}, uniform "
-       f"{realized['uniform']:.3f} (mean of 3 snapshots x 16 seeds)",
+       f"{realized['uniform']:.3f} (mean of {snapshots} snapshots x {seeds} seeds)",
        f"[alignment vs budget]({page}#alignment-versus-budget)"],
       ["SERA trains better from a cold start (the ImageNet stand-in, 1000 classes)",
        "pass@1 " + paired(outcome["synthetic1000", "sera", 1]
@@ -252,9 +253,6 @@ def results(figures) -> str:
       *([f"... and at every budget: N0 = {n0}", f"pass@1 {finals.difference(n0, 1)}",
          f"[budget scaling]({page}#budget-scaling-from-the-cold-start)"]
         for n0 in finals.n0s),
-      ["SERA solves more held-out mazes",
-       "pass@1 " + _difference_cell(figures, "maze/maze_passk.csv", "sera", "uniform", 1),
-       f"[maze]({page}#maze-navigation)"],
       ["SERA keeps coverage in math reasoning",
        "pass@256 " + _difference_cell(figures, "math_passk.csv", "sera", "uniform", 256),
        f"[math]({page}#math-reasoning-through-the-tunix-learner)"],
