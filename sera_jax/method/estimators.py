@@ -549,8 +549,9 @@ def advantages(rewards: jax.Array, mask: jax.Array, *,
   * "grpo"        (r - mu) / (std + eps), std the population std sqrt(mu (1 - mu))
                     (the MaxRL paper's GRPO).
   * "grpo_sample_std"  (r - mu) / (std + eps), std the sample std (ddof = 1)
-                    sqrt(n mu (1 - mu) / (n - 1)), 0 when n = 1 (Tunix's, verl's
-                    and TRL's GRPO; Tunix adds eps = 1e-6 too).
+                    sqrt(n mu (1 - mu) / (n - 1)) (Tunix's, verl's and TRL's GRPO;
+                    Tunix adds eps = 1e-6 too); a group of one gets 0 (r = mu), where
+                    verl sets its std to 1 and gives r / (1 + eps).
   * "rloo"        r_j - (K - r_j) / (n - 1); 0 when n < 2.
   * "reinforce"   r - mu.
 
