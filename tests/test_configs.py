@@ -1,6 +1,7 @@
 """The shipped configs (sera_jax.harness.configs): by name, by path, the train flags, and one
 spelling of every key they share."""
 
+import importlib
 import pathlib
 
 import ml_collections
@@ -8,7 +9,6 @@ import pytest
 from absl import flags
 
 from sera_jax.harness import cli, configs, train
-from sera_jax.settings.classification import task as classification_task
 from sera_jax.settings.maze import task as maze_task
 
 EXPERIMENT_CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "configs"
@@ -25,8 +25,9 @@ LOOP_CONFIGS = [name for name in configs.names()
 def test_names_are_the_shipped_files():
   assert configs.names() == ("default", "gsm8k_qwen3", "gsm8k_qwen3_1device", "gsm8k_smollm2",
                              "imagenet_resnet50", "math", "math_qwen25", "maze", "maze17",
-                             "polaris_qwen3", "synthetic1000")
-  assert LOOP_CONFIGS == ["default", "imagenet_resnet50", "maze", "maze17", "synthetic1000"]
+                             "polaris_qwen3", "sim_nav", "synthetic1000")
+  assert LOOP_CONFIGS == ["default", "imagenet_resnet50", "maze", "maze17", "sim_nav",
+                          "synthetic1000"]
 
 
 def keys(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, object]:
@@ -131,10 +132,7 @@ def test_train_flags_default_and_bad_override():
 @pytest.mark.parametrize("name", LOOP_CONFIGS)
 def test_every_shipped_config_passes_its_checks(name, num_devices):
   config = configs.load(name)
-  if config.task == "classification":
-    classification_task.validate_config(config, num_devices)
-  else:
-    maze_task.validate_config(config, num_devices)
+  importlib.import_module(train.SETTINGS[config.task][0]).validate_config(config, num_devices)
   train.validate_run_config(config)
 
 
@@ -191,7 +189,7 @@ def test_a_negative_seed_stops_the_command_before_it_writes(tmp_path):
 
 
 def test_train_refuses_a_figures_config_in_one_line(tmp_path):
-  with pytest.raises(SystemExit, match="task is one of classification, maze, gsm8k; got None"):
+  with pytest.raises(SystemExit, match="task is one of classification, maze, sim, gsm8k; got None"):
     cli.main(["train", "--config", "math", f"--workdir={tmp_path / 'run'}"])
   assert not list(tmp_path.iterdir())
 

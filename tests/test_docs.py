@@ -25,7 +25,7 @@ METHOD = DOCS / "method.md"
 METHOD_SECTIONS = [
     "the-estimator-and-its-scale", "the-waterline", "integer-rounding", "the-active-set",
     "weights-and-the-loss", "estimating-p", "classification-as-rl", "maze-navigation",
-    "the-packages-layers",
+    "simulated-scenarios", "the-packages-layers",
     "llm-post-training", "the-score-of-a-sequence"]
 CITING_SUFFIXES = (".py", ".md", ".toml", ".cff", ".sh")
 # What .gitignore leaves out (and .git itself): build outputs and caches, never sources.
@@ -125,7 +125,7 @@ def test_ci_runs_exactly_the_readmes_test_command():
   command = FENCE.search(after).group(2).strip()
   ci = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
         if line.strip() and not line.startswith("#")]
-  assert ci[-1] == command == 'pip install -e ".[test,llm]" && pytest'
+  assert ci[-1] == command == 'pip install -e ".[test,llm,sim]" && pytest'
 
 
 def repository_files(root: pathlib.Path, suffixes: tuple[str, ...] | None = None

@@ -39,7 +39,7 @@ USAGE = __doc__.replace("CONFIGS", ", ".join(configs.names()))
 TRAIN_USAGE = "usage:" + USAGE.split("  sera-jax plot")[0].split("command.")[1].rstrip()
 EVALUATE_USAGE = "usage:\n" + USAGE[USAGE.index("  sera-jax evaluate"):].split("\n\n")[0]
 FIGURES = ("budget", "scale", "ablations", "outcome", "maze", "math", "scaling")
-LOOP_TASKS = ("classification", "maze")  # sera_jax.harness.train's; "gsm8k" is Tunix's
+LOOP_TASKS = ("classification", "maze", "sim")  # sera_jax.harness.train's; "gsm8k" is Tunix's
 
 
 def _ending_on_checkpoint_errors(function, *args, **kwargs):

@@ -62,7 +62,8 @@ CHECKPOINT_DIR = "checkpoints"
 BATCH_MARK = "batch.json"
 # The settings the loop trains: config.task -> (their module, its task's class).
 SETTINGS = {"classification": ("sera_jax.settings.classification.task", "ClassificationTask"),
-            "maze": ("sera_jax.settings.maze.task", "MazeTask")}
+            "maze": ("sera_jax.settings.maze.task", "MazeTask"),
+            "sim": ("sera_jax.settings.sim.task", "SimTask")}
 TENSORBOARD_DIR = "tensorboard"
 PROFILE_DIR = "profile"
 PROGRESS_KEYS = ("cos/sera_expected", "cos/uniform_expected", "loss", "accuracy", "pass@1")
