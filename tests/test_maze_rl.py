@@ -7,6 +7,7 @@ import ml_collections
 import numpy as np
 import pytest
 
+from sera_jax.common import episodes
 from sera_jax.harness import configs, train
 from sera_jax.harness.figures import common as figures_common
 from sera_jax.method import estimators
@@ -31,7 +32,7 @@ def test_maze_success_is_averaged_over_every_maze_of_the_batch():
   counts = jnp.asarray([4, 0, 2, 0])
   successes = jnp.asarray([1.0, 0.0, 2.0, 0.0])
   estimate = jnp.log(jnp.asarray([0.5, 0.9, 0.5, 0.02]))
-  means = jax.device_get(maze_rl.maze_success_means(counts, successes, estimate))
+  means = jax.device_get(episodes.success_means(counts, successes, estimate, prompt="maze"))
   # Measured where rolled out, the estimate where SERA gave no rollouts.
   np.testing.assert_allclose(means["reward/maze_mean"], (0.25 + 0.9 + 1.0 + 0.02) / 4, rtol=1e-6)
   np.testing.assert_allclose(means["reward/active_maze_mean"], (0.25 + 1.0) / 2, rtol=1e-6)
@@ -248,7 +249,7 @@ def test_evaluation_scores_the_sets_it_is_asked_for():
 
 def test_the_maze_figure_of_run_rows(tmp_path):
   rows = [{"step": s, "reward/maze_mean": s / 10} for s in range(10)]
-  rows[-1] |= {f"pass@{k}": 0.1 * i for i, k in enumerate(maze_rl.pass_at_ks(256))}
+  rows[-1] |= {f"pass@{k}": 0.1 * i for i, k in enumerate(episodes.pass_at_ks(256))}
   maze_plots.plot_runs([("sera", rows), ("uniform", rows[:5])], str(tmp_path / "maze.png"))
   assert (tmp_path / "maze.png").stat().st_size > 0
 

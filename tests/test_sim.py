@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sera_jax.harness import configs, train
+from sera_jax.harness import batched, configs, train
 from sera_jax.method import registry, scaling
 from sera_jax.settings.sim import env as sim_env
 from sera_jax.settings.sim import one_step
@@ -88,7 +88,8 @@ def test_a_run_trains_evaluates_and_resumes_exactly(tmp_path):
   resumed = train.run(config, str(tmp_path / "resumed"), resume=True)
   last = lambda rows: {k: v for k, v in rows[-1].items() if not k.startswith("time")}  # noqa: E731
   assert last(straight) == last(resumed)
-  assert {"pass@1", "pass@8", "validation/pass@1", "rollouts/max"} <= set(straight[-1])
+  assert {"pass@1", "pass@8", "validation/pass@1", "rollouts/max", "budget/hard_fraction",
+          "reward/scenario_mean"} <= set(straight[-1])
   assert all(np.isfinite(row["loss"]) for row in straight if "loss" in row)
 
 
@@ -140,3 +141,25 @@ def test_bad_environments_get_one_line_errors():
     sim_task.SimTask(_config("cartpole"))
   with pytest.raises(ValueError, match="num_train_scenarios .8. must be a multiple"):
     sim_task.SimTask(_config(batch_size=3))
+  task = sim_task.SimTask(_config())
+  params = task.policy.init(jax.random.PRNGKey(0))
+  with pytest.raises(ValueError, match=r"integers in \[0, 4\) of the held_out set; got 0 .. 4"):
+    task.success_rates(params, "held_out", [0, 4], 2, jax.random.PRNGKey(0))
+  rates = task.success_rates(params, "train", [0, 7], 64, jax.random.PRNGKey(0))
+  assert rates.shape == (2,) and np.all((rates >= 0) & (rates <= 1))
+
+
+def test_each_run_of_a_batch_is_the_run_alone(tmp_path):
+  """Two runs (other seed, other rate) as one program: each run's rows are those it writes
+  alone, up to the rounding of batched arithmetic."""
+  runs = [_config(method="sera", num_steps=4, eval_every=4, checkpoint_every=4, seed=seed,
+                  learning_rate=rate) for seed, rate in ((0, 0.01), (1, 0.03))]
+  together = batched.run_batch(runs, [str(tmp_path / f"batch{r}") for r in range(2)])
+  for r, config in enumerate(runs):
+    alone = train.run(config, str(tmp_path / f"alone{r}"))
+    assert len(alone) == len(together[r]) == 4
+    for row_alone, row_together in zip(alone, together[r], strict=True):
+      for key, value in row_alone.items():
+        if not key.startswith("time"):
+          np.testing.assert_allclose(row_together[key], value, rtol=1e-4, atol=1e-5,
+                                     err_msg=key)

@@ -69,7 +69,7 @@ def test_every_runs_values_are_checked_before_the_first_run(tmp_path, grid, mess
 
 def test_a_config_the_loop_does_not_train_is_refused(tmp_path):
   with pytest.raises(SystemExit, match=r"^error: sera-jax sweep trains configs of the "
-                                       r"classification and maze settings; gsm8k_qwen3's task "
+                                       r"classification, maze and sim settings; gsm8k_qwen3's task "
                                        r"is 'gsm8k' \(train it with sera-jax train, one run at "
                                        r"a time\)\.$"):
     cli.main(["sweep", "--config", "gsm8k_qwen3", "--grid", "seed=0,1", "--print-commands",

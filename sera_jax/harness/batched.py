@@ -1,19 +1,19 @@
 """A grid of runs trained as one program, each run writing its own workdir as `train.run` does.
 
 `run_batch` trains R configs of one setting that differ in seed and optimizer scalars
-(`sera_jax.settings.classification.batched`, `sera_jax.settings.maze.batched`) with one
-vmapped step. Each run's workdir gets what `train.run` writes there: config.json, the
-metric rows and TensorBoard events (`train.MetricLog`; `train.read_metrics` reads them
-back), a step's row with the run's evaluation every config.eval_every steps, and the
-setting's figures. The batch's own directory holds runs.json (its workdirs) and Orbax
-checkpoints of the batched state with each run's liveness, saved as `train.run` saves
-(every config.checkpoint_every steps and at the end, the rows flushed first), so a batch
-killed at any point and run again resumes from its latest checkpoint and writes exactly
-the rows of an uninterrupted batch. A run whose row or new state is non-finite stops
-there, as `train.run` stops (that row and the later ones are not written); the other runs
-go on. When the batch ends, each run's workdir gets batch_run.json (`run_outcome`): the
-batch that trained it, its steps, and the step at which it stopped, if it did, so a sweep
-or a figure knows the run is done without the batch's checkpoints.
+(`sera_jax.settings.classification.batched`, `sera_jax.settings.maze.batched`,
+`sera_jax.settings.sim.batched`) with one vmapped step. Each run's workdir gets what
+`train.run` writes there: config.json, the metric rows and TensorBoard events
+(`train.MetricLog`; `train.read_metrics` reads them back), a step's row with the run's
+evaluation every config.eval_every steps, and the setting's figures. The batch's own directory
+holds runs.json (its workdirs) and Orbax checkpoints of the batched state with each run's
+liveness, saved as `train.run` saves (every config.checkpoint_every steps and at the end, the
+rows flushed first), so a batch killed at any point and run again resumes from its latest
+checkpoint and writes exactly the rows of an uninterrupted batch. A run whose row or new state
+is non-finite stops there, as `train.run` stops (that row and the later ones are not written);
+the other runs go on. When the batch ends, each run's workdir gets batch_run.json
+(`run_outcome`): the batch that trained it, its steps, and the step at which it stopped, if it
+did, so a sweep or a figure knows the run is done without the batch's checkpoints.
 """
 
 import hashlib
@@ -49,7 +49,7 @@ def run_outcome(workdir: str) -> RunOutcome | None:
 
 
 class Batch(Protocol):
-  """R runs of a setting as one program (`BatchedClassification`, `BatchedMaze`)."""
+  """R runs of a setting as one program (`BatchedClassification`, `BatchedMaze`, `BatchedSim`)."""
   configs: list[ml_collections.ConfigDict]
   def init_state(self) -> Any: ...
   def train_step(self, states: Any, step: int) -> tuple[Any, dict[str, jax.Array]]: ...
@@ -66,7 +66,10 @@ def build_batch(configs: Sequence[ml_collections.ConfigDict], mesh=None) -> Batc
   if task == "maze":
     from sera_jax.settings.maze.batched import BatchedMaze
     return BatchedMaze(configs, mesh)
-  raise ValueError(f"a batch of runs needs config.task 'classification' or 'maze'; "
+  if task == "sim":
+    from sera_jax.settings.sim.batched import BatchedSim
+    return BatchedSim(configs, mesh)
+  raise ValueError(f"a batch of runs needs config.task 'classification', 'maze' or 'sim'; "
                    f"got {task!r}.")
 
 
@@ -75,7 +78,7 @@ def varied_keys(task: str) -> tuple[str, ...]:
   if task == "classification":
     from sera_jax.settings.classification.batched import VARIED
     return VARIED
-  if task == "maze":
+  if task in ("maze", "sim"):
     from sera_jax.settings.maze.batched import VARIED
     return VARIED
   return ()

@@ -5,7 +5,7 @@
   sera-jax plot RUN_DIR [RUN_DIR ...] [--out FILE.png] [--window N]
   sera-jax sweep [--config NAME|FILE] --grid KEY=V1,V2,... [--grid ...] [--workdir-root DIR]
                  [--print-commands] [--one-by-one]
-  sera-jax figure budget|scale|ablations|outcome|maze|math|scaling [--out DIR] ...
+  sera-jax figure budget|scale|ablations|outcome|maze|math|scaling|sim [--out DIR] ...
   sera-jax figure --list
   sera-jax evaluate [--config NAME|FILE] [--config.KEY=VALUE ...] --data [NAME:]FORMAT=PATH
                     [--data ...] [--samples N] [--out DIR] [--step STEP] ...
@@ -38,7 +38,7 @@ from sera_jax.harness import configs
 USAGE = __doc__.replace("CONFIGS", ", ".join(configs.names()))
 TRAIN_USAGE = "usage:" + USAGE.split("  sera-jax plot")[0].split("command.")[1].rstrip()
 EVALUATE_USAGE = "usage:\n" + USAGE[USAGE.index("  sera-jax evaluate"):].split("\n\n")[0]
-FIGURES = ("budget", "scale", "ablations", "outcome", "maze", "math", "scaling")
+FIGURES = ("budget", "scale", "ablations", "outcome", "maze", "math", "scaling", "sim")
 LOOP_TASKS = ("classification", "maze", "sim")  # sera_jax.harness.train's; "gsm8k" is Tunix's
 
 

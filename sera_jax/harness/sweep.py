@@ -131,7 +131,8 @@ def main(argv: list[str], train_command: Callable[[list[str]], None]) -> list[Ru
   except FileNotFoundError as error:
     raise SystemExit(f"error: {error}") from None
   if task not in train.SETTINGS:
-    raise SystemExit(f"error: sera-jax sweep trains configs of the {' and '.join(train.SETTINGS)} "
+    *others, last = train.SETTINGS
+    raise SystemExit(f"error: sera-jax sweep trains configs of the {', '.join(others)} and {last} "
                      f"settings; {args.config}'s task is {task!r} (train it with sera-jax "
                      f"train, one run at a time).")
   root = args.workdir_root or os.path.join("runs", f"sweep-{pathlib.Path(args.config).stem}")

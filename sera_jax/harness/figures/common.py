@@ -153,6 +153,7 @@ def train_or_read_batch(configs: Sequence[ml_collections.ConfigDict], workdirs: 
   return runs
 
 
+
 # ----------------------------------------------------------------------------- learning rates
 
 
@@ -260,6 +261,81 @@ def plot_rate_sensitivity(axis, tuned: TunedRuns, *, label: str, **style) -> Non
   axis.set_xscale("log")
   axis.set_xlabel("learning rate")
   axis.grid(alpha=0.3)
+
+
+def with_settings(config: ml_collections.ConfigDict, **settings) -> ml_collections.ConfigDict:
+  """A copy of `config` with `settings` (a run's method, seed, rate, evaluation sets)."""
+  config = config.copy_and_resolve_references()
+  config.update(settings)
+  return config
+
+
+def method_run_dir(workdir, method: str, rate: float, seed: int) -> str:
+  """The workdir of `tune_methods`'s run of `method` at `rate` and `seed`."""
+  return os.fspath(files.path(workdir) / f"{method}-lr{rate:g}-seed{seed}")
+
+
+def tune_methods(config: ml_collections.ConfigDict, methods: Sequence[str], seeds: Sequence[int],
+                 learning_rates: Sequence[float], tuning_seeds: Sequence[int], workdir,
+                 figure_run: "FigureRun", *, chosen_by: int, one_by_one: bool = False
+                 ) -> dict[str, TunedRuns]:
+  """{method: its runs (the last metric row of each) at the rate chosen on validation} for a
+  setting whose evaluation scores "validation/pass@k" and "pass@k" (the maze's, the
+  simulation's): each method's tuning grid trains as one batch, scored on the validation
+  set (its rate: the best mean validation pass@`chosen_by` over `tuning_seeds`), then its
+  reported seeds as another, scored on the held-out set; run workdirs under `workdir`."""
+  chosen = f"validation/pass@{chosen_by}"
+  tuned = {}
+  for method in methods:
+
+    def train_grid(points, method=method):
+      tuning = points[0][1] in tuning_seeds
+      runs = [with_settings(config, method=method, seed=seed, learning_rate=rate,
+                            eval_sets=("validation",) if tuning else ("held_out",))
+              for rate, seed in points]
+      labels = [f"{method} lr {rate:g} seed {seed}" for rate, seed in points]
+      trained = train_or_read_batch(
+          runs, [method_run_dir(workdir, method, rate, seed) for rate, seed in points], labels,
+          one_by_one=one_by_one)
+      metric = chosen if tuning else "pass@1"
+      lasts = []
+      for label, run in zip(labels, trained, strict=True):
+        if run.stopped_at is not None:
+          print(f"{label}: went non-finite at step {run.stopped_at}", flush=True)
+          lasts.append({})
+          continue
+        lasts.append([row for row in run.rows if metric in row][-1])
+        print(f"{label}: {metric} {lasts[-1][metric]:.3f} ({figure_run.elapsed():.0f} s)",
+              flush=True)
+      return lasts
+
+    tuned[method] = tune_then_repeat(train_grid, learning_rates, seeds,
+                                     lambda row: row.get(chosen, np.nan),
+                                     tuning_seeds=tuning_seeds)
+    print_choice(method, f"pass@{chosen_by}", tuned[method])
+  return tuned
+
+
+def write_validation_grid_csv(tuned: Mapping[str, TunedRuns], ks: Sequence[int], path: str
+                              ) -> None:
+  """Every tuning run of `tune_methods`: its validation pass@k (NaN: it went non-finite)."""
+  files.write_csv(path, [
+      {"method": method, "learning_rate": rate, "seed": seed, "chosen": rate == runs.rate,
+       **{f"validation_pass@{k}": f"{row.get(f'validation/pass@{k}', np.nan):.4f}" for k in ks}}
+      for method, runs in tuned.items() for (rate, seed), row in grid_runs(runs)])
+
+
+def plot_validation_grid(tuned: Mapping[str, TunedRuns], path: str, *, ylabel: str, title: str
+                         ) -> None:
+  """Each method's validation score against its rate (`plot_rate_sensitivity`)."""
+  fig, axis = plt.subplots(figsize=(5, 3.8))
+  for method, runs in tuned.items():
+    plot_rate_sensitivity(axis, runs, label=method)
+  axis.set(ylabel=ylabel, title=title)
+  axis.legend(fontsize=8)
+  fig.tight_layout()
+  save_figure(fig, path, dpi=120)
+
 
 
 class EvalBatch(NamedTuple):

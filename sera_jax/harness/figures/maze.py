@@ -39,7 +39,6 @@ import jax
 import numpy as np
 
 from sera_jax.common import files
-from sera_jax.common.plots import plt, save_figure
 from sera_jax.harness import configs
 from sera_jax.harness.figures import common
 from sera_jax.settings.maze import env as maze_env
@@ -73,13 +72,6 @@ def load_config(tiny: bool, maze_size: int | None = None):
   return config
 
 
-def run_config(config, **settings):
-  """A copy of `config` with `settings` (a run's method, seed, rate, evaluation sets)."""
-  config = config.copy_and_resolve_references()
-  config.update(settings)
-  return config
-
-
 def pre_rl_checks(task: MazeTask) -> dict:
   """The warm start's pass@k on every evaluation set and its success rates on the RL set."""
   params = task.warm_start()
@@ -93,61 +85,6 @@ def pre_rl_checks(task: MazeTask) -> dict:
           "rl_set_p": {"samples_per_maze": RL_SET_SAMPLES, **quantiles,
                        "fraction_0": round(float(np.mean(p == 0)), 4),
                        "fraction_1": round(float(np.mean(p == 1)), 4)}}
-
-
-def tune_and_train(config, methods, seeds, learning_rates, tuning_seeds, workdir, figure_run,
-                   one_by_one=False) -> dict[str, common.TunedRuns]:
-  """{method: its runs (the last metric row of each) at the rate chosen on validation}; each
-  method's tuning grid trains as one batch (scored on the validation mazes), then its
-  reported seeds as another (scored on the held-out mazes)."""
-  tuned = {}
-  for method in methods:
-
-    def train_grid(points, method=method):
-      tuning = points[0][1] in tuning_seeds
-      runs = [run_config(config, method=method, seed=seed, learning_rate=rate,
-                         eval_sets=("validation",) if tuning else ("held_out",))
-              for rate, seed in points]
-      labels = [f"{method} lr {rate:g} seed {seed}" for rate, seed in points]
-      trained = common.train_or_read_batch(
-          runs, [os.fspath(workdir / f"{method}-lr{rate:g}-seed{seed}") for rate, seed in points],
-          labels, one_by_one=one_by_one)
-      metric = f"validation/pass@{CHOSEN_BY}" if tuning else "pass@1"
-      lasts = []
-      for label, run in zip(labels, trained, strict=True):
-        if run.stopped_at is not None:
-          print(f"{label}: went non-finite at step {run.stopped_at}", flush=True)
-          lasts.append({})
-          continue
-        lasts.append([row for row in run.rows if metric in row][-1])
-        print(f"{label}: {metric} {lasts[-1][metric]:.3f} ({figure_run.elapsed():.0f} s)",
-              flush=True)
-      return lasts
-
-    tuned[method] = common.tune_then_repeat(
-        train_grid, learning_rates, seeds,
-        lambda row: row.get(f"validation/pass@{CHOSEN_BY}", np.nan), tuning_seeds=tuning_seeds)
-    common.print_choice(method, f"pass@{CHOSEN_BY}", tuned[method])
-  return tuned
-
-
-def write_rates_csv(tuned: dict[str, common.TunedRuns], ks, path: str) -> None:
-  """The whole grid: validation pass@k of every tuning run (NaN: it went non-finite)."""
-  files.write_csv(path, [
-      {"method": method, "learning_rate": rate, "seed": seed, "chosen": rate == runs.rate,
-       **{f"validation_pass@{k}": f"{row.get(f'validation/pass@{k}', np.nan):.4f}" for k in ks}}
-      for method, runs in tuned.items() for (rate, seed), row in common.grid_runs(runs)])
-
-
-def plot_rates(tuned: dict[str, common.TunedRuns], path: str, num_tuning_seeds: int) -> None:
-  fig, axis = plt.subplots(figsize=(5, 3.8))
-  for method, runs in tuned.items():
-    common.plot_rate_sensitivity(axis, runs, label=method)
-  axis.set(ylabel=f"validation pass@{CHOSEN_BY} (mean of {num_tuning_seeds} seeds)",
-           title="maze: each method's RL learning rate (star: chosen)")
-  axis.legend(fontsize=8)
-  fig.tight_layout()
-  save_figure(fig, path, dpi=120)
 
 
 def protocol(config, task: MazeTask, checks: dict) -> dict:
@@ -211,8 +148,9 @@ def main(argv: list[str] | None = None) -> None:
   blind = {"": replay_pass_at_k(task.train_paths, task.eval_mazes, ks),
            UNSEEN_SUFFIX: replay_pass_at_k(task.train_paths,
                                            task.eval_mazes[task.sets.unseen_path], ks)}
-  tuned = tune_and_train(config, args.methods, seeds, sorted(set(args.learning_rates)),
-                         tuning_seeds, workdir, figure_run, args.one_by_one)
+  tuned = common.tune_methods(config, args.methods, seeds, sorted(set(args.learning_rates)),
+                             tuning_seeds, workdir, figure_run, chosen_by=CHOSEN_BY,
+                             one_by_one=args.one_by_one)
   stem = NAME + "_tiny" * args.tiny
   rates = ", ".join(f"{method} {runs.rate:g}" for method, runs in tuned.items())
   for suffix, prefix in (("", ""), (UNSEEN_SUFFIX, "unseen_path/")):
@@ -238,8 +176,10 @@ def main(argv: list[str] | None = None) -> None:
       if method != "uniform" and "uniform" in tuned:
         print(common.seeds_ahead(results, seeds, ks, method))
   rates_png, rates_csv = common.output_paths(args.out, stem + RATES_SUFFIX)
-  write_rates_csv(tuned, ks, rates_csv)
-  plot_rates(tuned, rates_png, args.tuning_seeds)
+  common.write_validation_grid_csv(tuned, ks, rates_csv)
+  common.plot_validation_grid(
+      tuned, rates_png, ylabel=f"validation pass@{CHOSEN_BY} (mean of {args.tuning_seeds} seeds)",
+      title="maze: each method's RL learning rate (star: chosen)")
   facts["learning_rates"] = common.rate_choices(tuned)
   manifest = common.write_manifest(
       args.out, stem, figure_run, command="figure maze", argv=argv, seeds=seeds,

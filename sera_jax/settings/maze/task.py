@@ -19,7 +19,7 @@ rollout budget B = M * N0:
   estimate and as uniform in the first RL epoch.
 
 Every method's allocation is `sera_jax.method.historical.historical_allocation`. The maze
-offers an allocation log p alone (`INPUTS`): gvm would need each maze's gradient norm, and
+offers an allocation log p alone (`episodes.INPUTS`): gvm would need each maze's gradient norm, and
 adaptive sampling the outcomes of the rollouts before their counts are fixed.
 
 All use the loss of docs/method.md#weights-and-the-loss with the allocation's prompt weights.
@@ -53,7 +53,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from sera_jax.common import optim, sharding
+from sera_jax.common import episodes, optim, sharding
 from sera_jax.common.evaluation import pass_at_k
 from sera_jax.method import allocation, flat, registry, success, validation
 from sera_jax.method.historical import historical_allocation
@@ -63,39 +63,15 @@ from sera_jax.settings.maze import warm_start
 from sera_jax.settings.maze.plots import plot_runs
 from sera_jax.settings.maze.policy import MazePolicy
 
-INPUTS = ("log_p",)  # what the maze offers an allocation (`registry.AllocationInputs`)
 EVAL_SETS = ("held_out", "validation")
 RL_ORDER = 3  # seeds the batch order with the run's seed and data_seed
 # Tags folded into a run's rng for its evaluation samples, one per set.
 _EVAL_KEY, _VALIDATION_KEY, _RL_SET_KEY = 4, 6, 7
 
 
-def pass_at_ks(num_samples: int) -> tuple[int, ...]:
-  """The k reported from `num_samples` samples a maze: 1, 2, 4, ... up to num_samples."""
-  return tuple(2**i for i in range(int(np.log2(num_samples)) + 1))
-
-
-def maze_success_means(counts: jax.Array, successes: jax.Array, log_p_estimate: jax.Array
-                       ) -> dict[str, jax.Array]:
-  """The step's success rate per maze, over the whole batch and over the mazes rolled out.
-
-  "reward/maze_mean" averages all M mazes, so every method is measured on the
-  same set: a maze with rollouts counts its observed rate successes / counts,
-  one without (SERA's inactive mazes) its success estimate exp(log_p_estimate).
-  "reward/active_maze_mean" averages only the mazes with rollouts.
-
-  Args:
-    counts: int [M] rollouts of each maze.
-    successes: [M] successes among them.
-    log_p_estimate: [M] the estimate of log p the allocation used.
-  """
-  rolled_out = counts > 0
-  observed = successes / jnp.maximum(counts, 1)
-  return {
-      "reward/maze_mean": jnp.mean(jnp.where(rolled_out, observed, jnp.exp(log_p_estimate))),
-      "reward/active_maze_mean": jnp.sum(jnp.where(rolled_out, observed, 0.0))
-                                 / jnp.maximum(jnp.sum(rolled_out), 1),
-  }
+def allocation_config(config: ml_collections.ConfigDict) -> registry.AllocationConfig:
+  """`episodes.allocation_config` of the maze."""
+  return episodes.allocation_config(config, setting="the maze")
 
 
 class MazeState(NamedTuple):
@@ -104,28 +80,6 @@ class MazeState(NamedTuple):
   opt_state: Any
   rng: jax.Array
   historical: success.HistoricalState
-
-
-def allocation_config(config: ml_collections.ConfigDict) -> registry.AllocationConfig:
-  """The allocation of `config.method`: "grpo" (uniform counts with GRPO's advantages) or a
-  registered mode the maze can feed (`registry.modes_fed_by(INPUTS)`). Its estimator is
-  config.estimator with config.estimator_kwargs; "" (or no such key) is the method's, GRPO's
-  for "grpo" and centered MaxRL's otherwise.
-
-  Raises:
-    ValueError: an unknown method or estimator, a mode the maze cannot feed, or a bad
-      allocation value.
-  """
-  validation.choice("config.method", config.method, ("grpo", *registry.MODES))
-  grpo = config.method == "grpo"
-  mode = "uniform" if grpo else config.method
-  registry.require(mode, INPUTS, who="the maze")
-  estimator = config.get("estimator") or ("grpo" if grpo else "maxrl")
-  if grpo and estimator != "grpo":
-    raise ValueError(f"config.method 'grpo' scores with GRPO's advantages; for the estimator "
-                     f"{estimator!r} with uniform counts set config.method to 'uniform'.")
-  return registry.AllocationConfig.from_fields(config, prefix="config.", mode=mode,
-                                               estimator=estimator)
 
 
 def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> None:
@@ -170,11 +124,9 @@ def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> 
                                  eval_batch * config.eval_samples, num_devices)
 
 
-def make_optimizer(config: ml_collections.ConfigDict) -> optax.GradientTransformation:
-  """Clipped Adam(W) or SGD at the constant RL rate config.learning_rate (the warm start has
-  its own, `warm_start.make_optimizer`)."""
-  return optax.chain(optax.clip_by_global_norm(config.grad_clip_norm),
-                     optim.make_optimizer(config, optax.constant_schedule(config.learning_rate)))
+# Clipped Adam(W) or SGD at the constant RL rate config.learning_rate (the warm start has its
+# own, `warm_start.make_optimizer`).
+make_optimizer = episodes.make_optimizer
 
 
 def batch_ids(config: ml_collections.ConfigDict, index: int, order: int = RL_ORDER
@@ -214,7 +166,7 @@ class MazeTask:
     validate_config(config, self.mesh.shape[sharding.DATA_AXIS])
     self.config = config
     self.allocation = allocation_config(config)
-    self.ks = pass_at_ks(config.eval_samples)
+    self.ks = episodes.pass_at_ks(config.eval_samples)
     self.policy = MazePolicy(config.maze_size, step_limit(config), config.dim,
                              config.num_layers, config.num_heads)
     self.sets = config_sets(config)
@@ -350,7 +302,7 @@ class MazeTask:
     metrics = allocation.rollout_metrics(alloc, group_successes, log_p, estimated=True) | {
         "loss": loss,
         "reward/mean": jnp.mean(rewards),  # over rollouts: SERA weights hard mazes up
-        **maze_success_means(alloc.counts, group_successes, log_p),
+        **episodes.success_means(alloc.counts, group_successes, log_p, prompt="maze"),
         "estimated_fraction": jnp.mean(has_estimate),
         "episode_length": jnp.mean(jnp.sum(in_episode, axis=1)),
     }

@@ -6,10 +6,9 @@ of training scenarios, ids 0 .. num_train_scenarios - 1 of the generator `config
 visited in epochs of shuffled batches of M scenarios; every step runs the same budget of
 B = M * N0 episodes. Validation and held-out scenarios are the ids after them: draws of the
 same generator, i.i.d. and disjoint from the training set by id. The methods and their
-allocation are the maze's (`sera_jax.settings.maze.task`, whose `allocation_config` this
-setting shares): "uniform" (centered MaxRL, or `config.estimator`), "grpo", "sera" and
-the registered modes fed by log p, each on the historical estimate of p
-(`sera_jax.method.historical.historical_allocation`).
+allocation are the maze's (both from `sera_jax.common.episodes`): "uniform" (centered MaxRL,
+or `config.estimator`), "grpo", "sera" and the registered modes fed by log p, each on the
+historical estimate of p (`sera_jax.method.historical.historical_allocation`).
 
 Episodes live in a flat buffer of exactly B slots with segment ids (the scenario of each
 episode, `sera_jax.method.flat`), vmapped with static shapes; the policy gradient is
@@ -34,11 +33,10 @@ import ml_collections
 import numpy as np
 import optax
 
-from sera_jax.common import optim, sharding
+from sera_jax.common import episodes, optim, sharding
 from sera_jax.common.evaluation import pass_at_k
-from sera_jax.method import allocation, flat, success, validation
+from sera_jax.method import allocation, flat, registry, success, validation
 from sera_jax.method.historical import historical_allocation
-from sera_jax.settings.maze.task import allocation_config, maze_success_means, pass_at_ks
 from sera_jax.settings.sim import env as sim_env
 from sera_jax.settings.sim.policy import GaussianPolicy
 
@@ -47,6 +45,8 @@ from sera_jax.settings.sim.policy import GaussianPolicy
 ENVIRONMENTS = {"point_mass": "sera_jax.settings.sim.point_mass:environment",
                 "one_step": "sera_jax.settings.sim.one_step:environment"}
 EVAL_SETS = ("held_out", "validation")
+SETS = ("train", "validation", "held_out")  # consecutive id ranges of one generator
+HARD_P = 0.1  # a scenario is hard while its estimated p is below this ("budget/hard_fraction")
 RL_ORDER = 3  # seeds the batch order with the run's seed and data_seed
 _EVAL_KEY, _VALIDATION_KEY = 4, 6  # folded into the run's rng for each set's episodes
 
@@ -64,6 +64,15 @@ class SimState(NamedTuple):
   opt_state: Any
   rng: jax.Array
   historical: success.HistoricalState
+
+
+def allocation_config(config: ml_collections.ConfigDict) -> registry.AllocationConfig:
+  """`episodes.allocation_config` of the simulation setting."""
+  return episodes.allocation_config(config, setting="a simulated scenario")
+
+
+# Clipped Adam(W) or SGD at the constant rate config.learning_rate.
+make_optimizer = episodes.make_optimizer
 
 
 def validate_config(config: ml_collections.ConfigDict, num_devices: int = 1) -> None:
@@ -133,13 +142,13 @@ class SimTask:
     self.policy = GaussianPolicy(observation_size, self.environment.action_size,
                                  tuple(config.hidden_sizes), config.init_log_std)
     self.sets = scenario_sets(config)
-    self.ks = pass_at_ks(config.eval_samples)
-    self.optimizer = (optax.chain(
-        optax.clip_by_global_norm(config.grad_clip_norm),
-        optim.make_optimizer(config, optax.constant_schedule(config.learning_rate)))
-        if optimizer is None else optimizer)
+    self.eval_ids = {name: sharding.replicate(jnp.asarray(ids), self.mesh)
+                     for name, ids in self.sets.items()}
+    self.ks = episodes.pass_at_ks(config.eval_samples)
+    # Clipped Adam(W) or SGD at the constant rate config.learning_rate, as the maze's.
+    self.optimizer = make_optimizer(config) if optimizer is None else optimizer
     self._rl_step = jax.jit(self.rl_step_fn)
-    self._eval_successes = jax.jit(self.eval_successes_fn, static_argnums=3,
+    self._eval_successes = jax.jit(self.eval_successes_fn,
                                    out_shardings=sharding.replicated(self.mesh))
 
   # ---- protocol -------------------------------------------------------------------------------
@@ -155,20 +164,46 @@ class SimTask:
     return self._rl_step(state, sharding.replicate(ids, self.mesh), step, new_epoch)
 
   def evaluate(self, state: SimState) -> dict[str, float]:
-    """pass@k on the sets of config.eval_sets."""
-    metrics = {}
+    """pass@k on the sets of config.eval_sets (see the module docstring)."""
+    successes = functools.partial(self._eval_successes, state.params, state.rng)
+    return {name: float(values[0]) for name, values in
+            self.pass_at_k(lambda *args: successes(*args)[None]).items()}
+
+  def pass_at_k(self, successes) -> dict[str, np.ndarray]:
+    """{"pass@k", "validation/pass@k": [R]} of the sets of config.eval_sets for R policies
+    whose successes on the eval_batch_size scenarios of `ids` from `start` are
+    `successes(ids, start, key_tag)` (as `eval_successes_fn` counts them for one)."""
+    metrics, batch = {}, self.config.eval_batch_size
     for name, prefix, tag in (("held_out", "", _EVAL_KEY),
                               ("validation", "validation/", _VALIDATION_KEY)):
-      ids = self.sets[name]
-      if name not in self.config.eval_sets or not ids.size:
+      ids = self.eval_ids[name]
+      if name not in self.config.eval_sets or not ids.shape[0]:
         continue
-      batch = self.config.eval_batch_size
       counts = np.concatenate(jax.device_get(
-          [self._eval_successes(state.params, state.rng, jnp.asarray(ids[start:start + batch]),
-                                tag) for start in range(0, ids.size, batch)]))
-      values = pass_at_k(counts, self.config.eval_samples, self.ks)
-      metrics |= {f"{prefix}pass@{k}": float(v) for k, v in zip(self.ks, values, strict=True)}
+          [successes(ids, start, tag) for start in range(0, ids.shape[0], batch)]), axis=1)
+      values = np.stack([pass_at_k(run, self.config.eval_samples, self.ks) for run in counts])
+      metrics |= {f"{prefix}pass@{k}": values[:, i] for i, k in enumerate(self.ks)}
     return metrics
+
+  def success_rates(self, params, set_name: str, ids, num_samples: int, key: jax.Array
+                    ) -> np.ndarray:
+    """float64 [len(ids)]: the success rate among `num_samples` episodes of each scenario of
+    the set `set_name` ("train", "validation" or "held_out") whose positions in the set are
+    `ids`, under the policy `params`.
+
+    Raises:
+      ValueError: an unknown set, or a position out of the set's range.
+    """
+    validation.choice("set_name", set_name, SETS)
+    ids = np.asarray(ids)
+    size = self.sets[set_name].size
+    if ids.size and (not np.issubdtype(ids.dtype, np.integer) or ids.min() < 0
+                     or ids.max() >= size):
+      raise ValueError(f"scenario positions must be integers in [0, {size}) of the "
+                       f"{set_name} set; got {ids.min()} .. {ids.max()}.")
+    scenarios = jnp.repeat(jnp.asarray(self.sets[set_name][ids]), num_samples)
+    _, _, rewards = jax.jit(self.episodes)(params, scenarios, key)
+    return np.asarray(rewards, np.float64).reshape(-1, num_samples).mean(axis=1)
 
   def write_figures(self, workdir: str, rows: list[dict]) -> None:
     """Nothing beyond the metrics and TensorBoard."""
@@ -230,18 +265,23 @@ class SimTask:
     metrics = allocation.rollout_metrics(alloc, group_successes, log_p, estimated=True) | {
         "loss": outcome["loss"],
         "reward/mean": jnp.mean(rewards),  # over episodes: SERA weights hard scenarios up
-        **maze_success_means(alloc.counts, group_successes, log_p),
+        **episodes.success_means(alloc.counts, group_successes, log_p, prompt="scenario"),
+        # The share of the step's episodes spent on the scenarios estimated hard.
+        "budget/hard_fraction": jnp.sum(jnp.where(log_p < jnp.log(HARD_P), alloc.counts, 0))
+                                / (config.batch_size * config.baseline_n),
         "estimated_fraction": jnp.mean(has_estimate),
         "policy/log_std": jnp.mean(params["log_std"]),
     }
     return SimState(params, opt_state, state.rng, historical), metrics
 
-  def eval_successes_fn(self, params, rng: jax.Array, scenario_ids: jax.Array,
-                        key_tag: int) -> jax.Array:
-    """Successes among config.eval_samples episodes of each scenario of `scenario_ids`,
-    int32 [len(scenario_ids)], drawn from `rng` folded with `key_tag` and the first id."""
-    samples = self.config.eval_samples
-    flat_ids = sharding.split_rows(jnp.repeat(scenario_ids, samples), self.mesh)
-    key = jax.random.fold_in(jax.random.fold_in(rng, key_tag), scenario_ids[0])
+  def eval_successes_fn(self, params, rng: jax.Array, scenario_ids: jax.Array, start,
+                        key_tag) -> jax.Array:
+    """Successes among config.eval_samples episodes of each of the eval_batch_size scenarios
+    of `scenario_ids` from `start`, int32 [eval_batch_size], drawn from `rng` folded with
+    `key_tag` (one per evaluation set) and `start`; the episodes are split over the mesh."""
+    batch, samples = self.config.eval_batch_size, self.config.eval_samples
+    ids = jax.lax.dynamic_slice_in_dim(scenario_ids, start, batch)
+    flat_ids = sharding.split_rows(jnp.repeat(ids, samples), self.mesh)
+    key = jax.random.fold_in(jax.random.fold_in(rng, key_tag), start)
     _, _, rewards = self.episodes(params, flat_ids, key)
-    return jnp.sum(rewards.reshape(scenario_ids.shape[0], samples), axis=1).astype(jnp.int32)
+    return jnp.sum(rewards.reshape(batch, samples), axis=1).astype(jnp.int32)
