@@ -44,7 +44,7 @@ from sera_jax.harness import configs, sweep
 from sera_jax.harness.figures import common
 
 NAME = "budget_scaling"
-CPU_COST = "about 1 h 50 min"  # on a 2-core CPU (`sera-jax figure --list`)
+CPU_COST = "about 1 h 40 min"  # on a 2-core CPU (`sera-jax figure --list`)
 RATES_NAME = "budget_scaling_rates"
 TUNING_SEEDS = common.tuning_seeds(1)  # choose the rates; never reported
 BASELINES = (16, 128, 1024)
