@@ -163,3 +163,21 @@ def test_each_run_of_a_batch_is_the_run_alone(tmp_path):
         if not key.startswith("time"):
           np.testing.assert_allclose(row_together[key], value, rtol=1e-4, atol=1e-5,
                                      err_msg=key)
+
+
+@pytest.mark.slow  # Playground compiles its physics for a minute
+def test_a_mujoco_playground_environment_trains_through_the_adapter():
+  """MuJoCo Playground's PointMass (DM Control Suite) through `from_suite`: its reset keyed by
+  the scenario, success its reward's tolerance reached at the last step."""
+  playground = pytest.importorskip("mujoco_playground",
+                                   reason="the [sim] extra installs MuJoCo Playground")
+  suite_env = playground.registry.load("PointMass")
+  environment = sim_env.from_suite(suite_env, success=lambda state: state.reward > 0.5,
+                                   horizon=10)
+  assert sim_env.check(environment) == (suite_env.observation_size,)
+  task = sim_task.SimTask(_config("point_mass", num_steps=2), environment=environment)
+  state = task.init_state(jax.random.PRNGKey(0))
+  for step in range(2):
+    state, metrics = task.train_step(state, step)
+    assert np.isfinite(float(metrics["loss"]))
+  assert set(task.evaluate(state)) >= {"pass@1", "pass@8", "validation/pass@1"}
