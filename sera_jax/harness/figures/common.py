@@ -377,6 +377,33 @@ def figure_parser(name: str, description: str) -> argparse.ArgumentParser:
   return parser
 
 
+def add_method_grid(parser: argparse.ArgumentParser, learning_rates: Sequence[float]) -> None:
+  """The arguments of a figure that tunes each method's rate (`tune_methods`): --tiny,
+  --seeds, --tuning-seeds, --learning-rates, --methods and --one-by-one."""
+  parser.add_argument("--tiny", action="store_true", help="a small smoke run")
+  parser.add_argument("--seeds", type=int, default=10, help="seeds 0, 1, ..., SEEDS-1")
+  parser.add_argument("--tuning-seeds", type=int, default=2,
+                      help="how many tuning seeds (100, 101, ...; never reported) train at "
+                      "every rate (default 2)")
+  parser.add_argument("--learning-rates", nargs="+", type=float, default=list(learning_rates),
+                      help="the grid each method chooses its rate from")
+  parser.add_argument("--methods", nargs="+", default=["sera", "uniform", "grpo"])
+  add_one_by_one(parser)
+
+
+def method_grid_seeds(parser: argparse.ArgumentParser, args: argparse.Namespace
+                      ) -> tuple[list[int], list[int]]:
+  """(reported seeds, tuning seeds) of `add_method_grid`'s arguments, which it checks."""
+  if args.tuning_seeds < 1:
+    parser.error("--tuning-seeds must be >= 1")
+  tuning = tuning_seeds(args.tuning_seeds)
+  seeds = list(range(args.seeds))
+  check_reported_seeds(parser, seeds, tuning)
+  if not all(rate > 0 for rate in args.learning_rates):
+    parser.error("every learning rate must be > 0")
+  return seeds, tuning
+
+
 def add_one_by_one(parser: argparse.ArgumentParser) -> None:
   """--one-by-one: a figure that trains grids trains every run as a batch of its own."""
   parser.add_argument("--one-by-one", action="store_true",

@@ -107,27 +107,13 @@ def main(argv: list[str] | None = None) -> None:
   argv = sys.argv[1:] if argv is None else argv
   parser = common.figure_parser("maze", __doc__)
   parser.set_defaults(out=OUT_DIR)
-  parser.add_argument("--tiny", action="store_true", help="a small smoke run")
-  parser.add_argument("--seeds", type=int, default=10, help="seeds 0, 1, ..., SEEDS-1")
-  parser.add_argument("--tuning-seeds", type=int, default=2,
-                      help="how many tuning seeds (100, 101, ...; never reported) train at "
-                      "every rate (default 2)")
-  parser.add_argument("--learning-rates", nargs="+", type=float, default=list(LEARNING_RATES),
-                      help="the grid each method chooses its RL rate from")
-  parser.add_argument("--methods", nargs="+", default=["sera", "uniform", "grpo"])
+  common.add_method_grid(parser, LEARNING_RATES)
   parser.add_argument("--maze-size", type=int, default=None,
                       help="odd side of the mazes (default the config's, 13); replay of the RL "
                       "set's solutions earns less on larger mazes (the figure's maze-blind row)")
   parser.add_argument("--workdir", default=None, help="default runs/maze_passk[_tiny]")
-  common.add_one_by_one(parser)
   args = parser.parse_args(argv)
-  if args.tuning_seeds < 1:
-    parser.error("--tuning-seeds must be >= 1")
-  tuning_seeds = common.tuning_seeds(args.tuning_seeds)
-  seeds = list(range(args.seeds))
-  common.check_reported_seeds(parser, seeds, tuning_seeds)
-  if not all(rate > 0 for rate in args.learning_rates):
-    parser.error("every learning rate must be > 0")
+  seeds, tuning_seeds = common.method_grid_seeds(parser, args)
   if args.maze_size is not None:
     try:
       maze_env.check_size(args.maze_size)

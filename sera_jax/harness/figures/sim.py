@@ -81,23 +81,10 @@ def main(argv: list[str] | None = None) -> None:
   argv = sys.argv[1:] if argv is None else argv
   parser = common.figure_parser("sim", __doc__)
   parser.set_defaults(out=OUT_DIR)
-  parser.add_argument("--tiny", action="store_true", help="a small smoke run")
-  parser.add_argument("--seeds", type=int, default=10, help="seeds 0, 1, ..., SEEDS-1")
-  parser.add_argument("--tuning-seeds", type=int, default=2,
-                      help="how many tuning seeds (100, 101, ...; never reported) train at "
-                      "every rate (default 2)")
-  parser.add_argument("--learning-rates", nargs="+", type=float, default=list(LEARNING_RATES))
-  parser.add_argument("--methods", nargs="+", default=["sera", "uniform", "grpo"])
+  common.add_method_grid(parser, LEARNING_RATES)
   parser.add_argument("--workdir", default=None, help="default runs/sim_passk[_tiny]")
-  common.add_one_by_one(parser)
   args = parser.parse_args(argv)
-  if args.tuning_seeds < 1:
-    parser.error("--tuning-seeds must be >= 1")
-  tuning_seeds = common.tuning_seeds(args.tuning_seeds)
-  seeds = list(range(args.seeds))
-  common.check_reported_seeds(parser, seeds, tuning_seeds)
-  if not all(rate > 0 for rate in args.learning_rates):
-    parser.error("every learning rate must be > 0")
+  seeds, tuning_seeds = common.method_grid_seeds(parser, args)
   workdir = files.path(args.workdir or "runs/" + NAME + "_tiny" * args.tiny)
   config = load_config(args.tiny)
   figure_run = common.start_figure()
