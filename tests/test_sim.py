@@ -96,6 +96,8 @@ def test_a_run_trains_evaluates_and_resumes_exactly(tmp_path):
 @pytest.mark.slow  # MJX compiles its step for 30 s
 def test_the_mjx_point_mass_has_the_suites_interface_and_spreads_p():
   pytest.importorskip("mujoco.mjx", reason="the [sim] extra installs MuJoCo MJX")
+  from mujoco import mjx
+
   from sera_jax.settings.sim import point_mass
   suite_env = point_mass.PointMass()
   environment = sim_env.from_suite(suite_env, success=point_mass.reached, horizon=20)
@@ -106,14 +108,25 @@ def test_the_mjx_point_mass_has_the_suites_interface_and_spreads_p():
   state, metrics = task.train_step(state, 0)
   assert np.isfinite(float(metrics["loss"])) and float(metrics["rollouts/max"]) == 4
   # A policy that heads for the goal: near scenarios succeed, those behind the wall rarely.
-  reset = jax.vmap(suite_env.reset)(jax.vmap(lambda i: sim_env.scenario_key(0, i))(
-      jnp.arange(64)))
-  final = jax.lax.fori_loop(0, 40, lambda _, s: jax.vmap(suite_env.step)(
-      s, jnp.clip(4 * s.obs[:, 4:6], -1, 1)), reset)
+  def head_for_the_goal(env):
+    reset = jax.vmap(env.reset)(jax.vmap(lambda i: sim_env.scenario_key(0, i))(
+        jnp.arange(64)))
+    return reset, jax.jit(lambda s: jax.lax.fori_loop(0, 40, lambda _, s: jax.vmap(env.step)(
+        s, jnp.clip(4 * s.obs[:, 4:6], -1, 1)), s))(reset)
+  reset, final = head_for_the_goal(suite_env)
   reached = np.asarray(jax.vmap(point_mass.reached)(final))
   same_side = np.sign(reset.data.qpos[:, 0]) == np.sign(reset.goal[:, 0])
   assert reached[same_side].mean() > 0.5 and reached[~same_side].mean() < reached[
       same_side].mean()
+  # The solver's capped iterations leave the trajectories as MuJoCo's default limits give
+  # them, walls and gap contacts included.
+  default_solver = point_mass.PointMass()
+  default_solver.mj_model.opt.iterations, default_solver.mj_model.opt.ls_iterations = 100, 50
+  default_solver.model = mjx.put_model(default_solver.mj_model)
+  _, final_default = head_for_the_goal(default_solver)
+  np.testing.assert_allclose(final.data.qpos, final_default.data.qpos, atol=1e-5)
+  # Some episodes end pressed against the middle wall (half-width 0.05, the ball's radius 0.05).
+  assert np.any(np.abs(np.asarray(final.data.qpos[:, 0])) < 0.1 + 1e-3)
 
 
 @dataclasses.dataclass
