@@ -13,7 +13,7 @@ Before RL the figure measures the initial policy's success rate on every trainin
 reports the share of each step's episodes spent on scenarios whose estimated p is below 0.1
 (`budget/hard_fraction`, mean over the run).
 
-  sera-jax figure sim                 # 3 methods x (4 rates x 2 tuning seeds + 10 seeds)
+  sera-jax figure sim                 # 3 methods x (6 rates x 2 tuning seeds + 10 seeds)
   sera-jax figure sim --tiny          # a smoke run of the pipeline
 
 Writes sim_passk.png / .csv (every seed, the paired differences to uniform), sim_budget.csv
@@ -34,16 +34,16 @@ from sera_jax.harness.figures import common
 from sera_jax.settings.sim import task as sim_task
 
 NAME = "sim_passk"
-CPU_COST = "about 2 h"  # on a 2-core CPU (`sera-jax figure --list`)
+CPU_COST = "about 45 min"  # on a 2-core CPU (`sera-jax figure --list`)
 OUT_DIR = os.path.join(common.OUT_DIR, "sim")
-LEARNING_RATES = (1e-3, 3e-3, 1e-2, 3e-2)
+LEARNING_RATES = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 CHOSEN_BY = 8  # the rate of the best validation pass@8
 INITIAL_SAMPLES = 64  # episodes of each training scenario that measure the initial p
 
 
 def load_config(tiny: bool):
   config = configs.load("sim_nav")
-  config.update(dict(batch_size=16, num_train_scenarios=256, num_steps=160))
+  config.update(dict(batch_size=16, num_train_scenarios=256, num_steps=400))
   if tiny:  # a smoke run of the pipeline
     config.update(dict(environment="one_step", hidden_sizes=(8,), num_train_scenarios=16,
                        batch_size=4, baseline_n=4, n_max=8, num_validation_scenarios=8,
