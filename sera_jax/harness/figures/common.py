@@ -337,7 +337,6 @@ def plot_validation_grid(tuned: Mapping[str, TunedRuns], path: str, *, ylabel: s
   save_figure(fig, path, dpi=120)
 
 
-
 class EvalBatch(NamedTuple):
   """Fixed training prompts: ids into the training set, images and labels."""
   ids: np.ndarray

@@ -34,7 +34,7 @@ from sera_jax.harness.figures import common
 from sera_jax.settings.sim import task as sim_task
 
 NAME = "sim_passk"
-CPU_COST = "about 45 min"  # on a 2-core CPU (`sera-jax figure --list`)
+CPU_COST = "about 30 min"  # on a 2-core CPU (`sera-jax figure --list`)
 OUT_DIR = os.path.join(common.OUT_DIR, "sim")
 LEARNING_RATES = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
 CHOSEN_BY = 8  # the rate of the best validation pass@8

@@ -208,20 +208,37 @@ def pass_at_k(path: str, ks: Sequence[int]) -> Callable[[str], str]:
   return table
 
 
-def maze_rates(figures) -> str:
-  """Each method's validation pass@16 at each rate of its grid, mean over the tuning seeds
-  (bold: chosen)."""
-  rows = _rows(figures, "maze/maze_passk_rates.csv")
-  rates = sorted({float(r["learning_rate"]) for r in rows})
-  table = []
-  for method in dict.fromkeys(r["method"] for r in rows):
-    cells = []
-    for rate in rates:
-      runs = [r for r in rows if r["method"] == method and float(r["learning_rate"]) == rate]
-      score = f"{np.mean([float(r['validation_pass@16']) for r in runs]):.3f}" if runs else ""
-      cells.append(f"**{score}**" if runs and runs[0]["chosen"] == "True" else score)
-    table.append([method, *cells])
-  return markdown(["method", *(f"{rate:g}" for rate in rates)], table)
+def validation_rates(path: str, k: int) -> Callable[[str], str]:
+  """The table of a rate grid's CSV (`common.write_validation_grid_csv`): each method's
+  validation pass@k at each rate, mean over the tuning seeds (bold: chosen)."""
+  def table(figures) -> str:
+    rows = _rows(figures, path)
+    rates = sorted({float(r["learning_rate"]) for r in rows})
+    body = []
+    for method in dict.fromkeys(r["method"] for r in rows):
+      cells = []
+      for rate in rates:
+        runs = [r for r in rows if r["method"] == method and float(r["learning_rate"]) == rate]
+        score = f"{np.mean([float(r[f'validation_pass@{k}']) for r in runs]):.3f}" if runs else ""
+        cells.append(f"**{score}**" if runs and runs[0]["chosen"] == "True" else score)
+      body.append([method, *cells])
+    return markdown(["method", *(f"{rate:g}" for rate in rates)], body)
+  return table
+
+
+def sim_budget(figures) -> str:
+  """Each method's share of episodes on hard scenarios (mean over each run's steps), over
+  the seeds, and its paired difference to uniform."""
+  rows = _rows(figures, "sim/sim_budget.csv")
+  share = {}
+  for r in rows:
+    share.setdefault(r["method"], {})[int(r["seed"])] = float(r["hard_fraction"])
+  body = [[method, spread(list(by_seed.values()))] for method, by_seed in share.items()]
+  for method, by_seed in share.items():
+    if method != "uniform" and "uniform" in share:
+      body.append([f"{method} {MINUS} uniform", paired(
+          [by_seed[seed] - share["uniform"][seed] for seed in by_seed])])
+  return markdown(["", "share of episodes on hard scenarios"], body)
 
 
 def _difference_cell(figures, path: str, first: str, second: str, k: int) -> str:
@@ -256,6 +273,10 @@ def results(figures) -> str:
       ["SERA keeps coverage in math reasoning",
        "pass@256 " + _difference_cell(figures, "math_passk.csv", "sera", "uniform", 256),
        f"[math]({page}#math-reasoning-through-the-tunix-learner)"],
+      ["spreading simulation episodes over scenarios trains a better policy (MuJoCo MJX)",
+       "held-out pass@1 " + _difference_cell(figures, "sim/sim_passk.csv", "sera", "uniform", 1)
+       + ", pass@64 " + _difference_cell(figures, "sim/sim_passk.csv", "sera", "uniform", 64),
+       f"[simulated scenarios]({page}#simulated-scenarios-in-mujoco-mjx)"],
   ]
   return markdown(["the paper's claim", f"this project: SERA {MINUS} uniform MaxRL, mean ± 95% "
                    "interval over seeds (seeds ahead / behind)", "figure"], rows)
@@ -270,8 +291,11 @@ TABLES: dict[str, Callable[[str], str]] = {
     "budget_scaling": budget_scaling,
     "maze_passk": pass_at_k("maze/maze_passk.csv", (1, 4, 16, 64, 256, 512)),
     "maze_passk_unseen_path": pass_at_k("maze/maze_passk_unseen_path.csv", (1, 16, 256, 512)),
-    "maze_rates": maze_rates,
+    "maze_rates": validation_rates("maze/maze_passk_rates.csv", 16),
     "math_passk": pass_at_k("math_passk.csv", (1, 16, 256)),
+    "sim_passk": pass_at_k("sim/sim_passk.csv", (1, 4, 16, 64)),
+    "sim_rates": validation_rates("sim/sim_passk_rates.csv", 8),
+    "sim_budget": sim_budget,
     "results": results,
 }
 
