@@ -30,10 +30,10 @@ GOAL_RADIUS = 0.15
 HORIZON = 40  # steps of 0.05 s
 _SEGMENT = 2.0  # half-length of each wall segment: it spans the arena from either side
 
-# The constraint solver converges in a step or two here (a sphere against boxes), but under
-# vmap MJX's solver loop runs until every episode of the batch stops, up to its iteration
-# limits (100 and 50 by default): capping them at 4 leaves the trajectories as they were
-# (tests/test_sim.py) and makes a step about 6x faster on the CPU (benchmarks/sim.py).
+# Under vmap MJX's constraint solver runs until every episode of the batch has converged, up
+# to its iteration limits (100 and 50 by default). A sphere against boxes converges well
+# within 4: the cap leaves the trajectories as they were (tests/test_sim.py) and makes an RL
+# step about 7x faster on the CPU (benchmarks/sim.py).
 XML = f"""
 <mujoco model="point_mass_gap">
   <option timestep="0.05" gravity="0 0 0" iterations="4" ls_iterations="4"/>
