@@ -17,7 +17,7 @@ which train at every rate and are never reported; the reported seeds train at th
 rate only. The held-out mazes play no part in the choice: tuning runs score the validation
 mazes only, reported runs the held-out ones only.
 
-  sera-jax figure maze            # the CPU config, 3 methods x 4 rates x 2 tuning seeds, 10 seeds
+  sera-jax figure maze            # the CPU config, 3 methods x 5 rates x 2 tuning seeds, 10 seeds
   sera-jax figure maze --tiny     # a smoke run (a few minutes)
 
 Writes into --out (default docs/figures/maze): maze_passk.png and maze_passk.csv (held-out
@@ -54,7 +54,7 @@ UNSEEN_SUFFIX = "_unseen_path"
 WARM_START = "warm start"
 MAZE_BLIND = "maze-blind"  # replays the RL set's solutions, whatever the maze
 REFERENCES = (WARM_START, MAZE_BLIND)  # not RL methods: no paired difference to uniform
-LEARNING_RATES = (1e-5, 3e-5, 1e-4, 3e-4)
+LEARNING_RATES = (1e-5, 3e-5, 1e-4, 3e-4, 1e-3)
 CHOSEN_BY = 16  # the rate of the best validation pass@16
 RL_SET_SAMPLES = 128  # samples of each RL maze that measure the warm start's p
 
