@@ -273,6 +273,10 @@ def results(figures) -> str:
       ["SERA keeps coverage in math reasoning",
        "pass@256 " + _difference_cell(figures, "math_passk.csv", "sera", "uniform", 256),
        f"[math]({page}#math-reasoning-through-the-tunix-learner)"],
+      ["SERA trains a better policy in navigation (held-out mazes)",
+       "pass@1 " + _difference_cell(figures, "maze/maze_passk.csv", "sera", "uniform", 1)
+       + ", pass@512 " + _difference_cell(figures, "maze/maze_passk.csv", "sera", "uniform", 512),
+       f"[maze navigation]({page}#maze-navigation)"],
       ["spreading simulation episodes over scenarios trains a better policy (MuJoCo MJX)",
        "held-out pass@1 " + _difference_cell(figures, "sim/sim_passk.csv", "sera", "uniform", 1)
        + ", pass@64 " + _difference_cell(figures, "sim/sim_passk.csv", "sera", "uniform", 64),
