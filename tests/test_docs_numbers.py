@@ -24,7 +24,8 @@ def test_the_readme_has_the_results_table_and_the_figures_page_every_figure_tabl
   assert marked("README.md") == {"results"}
   assert {"alignment_runs", "alignment_vs_budget", "scale_equalization", "ablations",
           "training_outcome", "budget_scaling", "maze_passk", "maze_passk_unseen_path",
-          "maze_rates", "math_passk", "sim_passk", "sim_rates", "sim_budget"} <= marked("docs/figures.md")
+          "maze_rates", "math_passk", "sim_passk", "sim_rates",
+          "sim_budget"} <= marked("docs/figures.md")
 
 
 def test_an_altered_cell_or_a_typed_table_is_reported():

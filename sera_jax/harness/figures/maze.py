@@ -47,7 +47,7 @@ from sera_jax.settings.maze.sets import replay_pass_at_k
 from sera_jax.settings.maze.task import MazeTask
 
 NAME = "maze_passk"
-CPU_COST = "about 5 h"  # on a 2-core CPU (`sera-jax figure --list`)
+CPU_COST = "about 4 h"  # on a 2-core CPU (`sera-jax figure --list`)
 OUT_DIR = os.path.join(common.OUT_DIR, "maze")
 RATES_SUFFIX = "_rates"
 UNSEEN_SUFFIX = "_unseen_path"
